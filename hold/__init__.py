@@ -1,0 +1,1 @@
+"""hold: exclusive device tickets, and processes that never outlive their ticket."""

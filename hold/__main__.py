@@ -1,0 +1,3 @@
+from hold.entry import main
+
+raise SystemExit(main())

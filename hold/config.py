@@ -1,0 +1,107 @@
+"""The configuration file: where it is, and a strict reading of it.
+
+Found at ``HOLD_CONFIG``, else ``$XDG_CONFIG_HOME/hold/config.yaml``, else
+``/etc/hold/config.yaml``, else the embedded defaults. ``yaml`` is imported
+only when a file exists: ``npu-hold``'s start-up time is a benchmark, and
+most machines run on the defaults.
+
+Unknown keys and values of the wrong kind are errors that name the file and
+line, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from supervisor.parse import BadValue
+
+CGROUP_MODES = ("auto", "off", "required")
+
+
+class Config(NamedTuple):
+    path: str | None = None
+    cgroups: str = "auto"  # auto: use a cgroup leaf where one can be made
+    home_tokens: bool = False
+    devices: Any = None  # the YAML node; read by the device classes
+
+
+def config_path(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+    """The file to read, or None for the defaults. ``HOLD_CONFIG`` must exist if set."""
+    explicit = environ.get("HOLD_CONFIG")
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise BadValue("HOLD_CONFIG", explicit, "the path of an existing YAML file")
+        return explicit
+    xdg = environ.get("XDG_CONFIG_HOME") or os.path.join(environ.get("HOME", "/"), ".config")
+    for cand in (os.path.join(xdg, "hold", "config.yaml"), "/etc/hold/config.yaml"):
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:
+    path = config_path(environ)
+    if path is None:
+        return Config()
+    return parse_file(path)
+
+
+def parse_file(path: str) -> Config:
+    import yaml  # only here: see the module docstring
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        raise BadValue("configuration", path, f"valid YAML ({e})") from None
+    if root is None:
+        return Config(path=path)
+    top = _mapping(root, path, "the top level")
+    values: dict[str, Any] = {"path": path}
+    for key, (knode, vnode) in top.items():
+        where = f"{path}:{knode.start_mark.line + 1}"
+        if key == "cgroups":
+            mode = _scalar(vnode, path)
+            if mode not in CGROUP_MODES:
+                raise BadValue("cgroups", mode, "one of " + ", ".join(CGROUP_MODES), where)
+            values["cgroups"] = mode
+        elif key == "compat":
+            for ck, (ckn, cvn) in _mapping(vnode, path, "compat").items():
+                cwhere = f"{path}:{ckn.start_mark.line + 1}"
+                if ck != "home_tokens":
+                    raise BadValue("key compat.", ck, "home_tokens", cwhere)
+                v = _scalar(cvn, path)
+                if v not in ("true", "false"):
+                    raise BadValue("compat.home_tokens", v, "true or false", cwhere)
+                values["home_tokens"] = v == "true"
+        elif key == "devices":
+            values["devices"] = vnode
+        else:
+            raise BadValue("key", key, "one of cgroups, compat, devices", where)
+    return Config(**values)
+
+
+def _mapping(node: Any, path: str, what: str) -> dict[str, tuple[Any, Any]]:
+    import yaml
+
+    where = f"{path}:{node.start_mark.line + 1}"
+    if not isinstance(node, yaml.MappingNode):
+        raise BadValue(what, node.value if hasattr(node, "value") else node, "a mapping", where)
+    out: dict[str, tuple[Any, Any]] = {}
+    for k, v in node.value:
+        key = _scalar(k, path)
+        if key in out:
+            raise BadValue("duplicate key", key, "each key once", f"{path}:{k.start_mark.line + 1}")
+        out[key] = (k, v)
+    return out
+
+
+def _scalar(node: Any, path: str) -> str:
+    import yaml
+
+    if not isinstance(node, yaml.ScalarNode):
+        raise BadValue(
+            "value", "(a list or mapping)", "a single value", f"{path}:{node.start_mark.line + 1}"
+        )
+    return str(node.value)

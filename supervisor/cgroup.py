@@ -1,0 +1,172 @@
+"""cgroup v2 leaves: membership that ``setsid`` and double-forking cannot escape.
+
+A tree that lives in a cgroup leaf of its own can be killed atomically
+(``cgroup.kill``, Linux 5.14+: processes forking during the kill die too), and
+``populated 0`` in ``cgroup.events`` proves it empty. We create leaves under
+the cgroup this process already lives in, which works as root and in a
+delegated subtree (systemd ``Delegate=yes``, a user's ``user@.service``), and
+needs no controller: without controllers in ``subtree_control`` a cgroup may
+hold processes and children at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import time
+
+
+class CgroupUnavailable(Exception):
+    """No writable cgroup v2 hierarchy here; callers fall back to walking /proc."""
+
+
+def v2_mount() -> str | None:
+    """Where the cgroup v2 hierarchy is mounted, from ``/proc/self/mountinfo``.
+
+    Not assumed to be ``/sys/fs/cgroup``: on hybrid hosts it is
+    ``/sys/fs/cgroup/unified``, and containers mount it where they like.
+    """
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        pre, sep, post = line.partition(b" - ")
+        if sep and post.split(b" ", 1)[0] == b"cgroup2":
+            # Mount points escape spaces as \040.
+            return pre.split(b" ")[4].decode().replace("\\040", " ")
+    return None
+
+
+def own_cgroup(pid: int | str = "self") -> str | None:
+    """This process's place in the v2 hierarchy (the ``0::`` line of /proc/PID/cgroup)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"0::"):
+                    return line[3:].decode()
+    except OSError:
+        return None
+    return None
+
+
+class Leaf:
+    """A cgroup v2 directory that holds exactly one tree."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"Leaf({self.path!r})"
+
+    @property
+    def procs_file(self) -> str:
+        return f"{self.path}/cgroup.procs"
+
+    def pids(self) -> list[int]:
+        """Processes in the leaf now (an empty list once it is gone)."""
+        try:
+            with open(self.procs_file, "rb") as f:
+                return [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            return []
+
+    def populated(self) -> bool:
+        """False once no process of the tree is left (zombies do not count)."""
+        try:
+            with open(f"{self.path}/cgroup.events", "rb") as f:
+                for line in f.read().splitlines():
+                    if line.startswith(b"populated "):
+                        return line.split()[1] != b"0"
+        except FileNotFoundError:
+            return False
+        return bool(self.pids())
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Block until the leaf is empty or ``timeout`` passes; True if empty.
+
+        ``cgroup.events`` raises POLLPRI on every change, so this wakes the
+        moment the last process exits instead of polling at some interval.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            fd = os.open(f"{self.path}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLPRI | select.POLLERR)
+            while True:
+                if not self.populated():
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                # Re-check at least every 50 ms in case an event was missed
+                # between the read above and the poll.
+                poller.poll(min(left, 0.05) * 1000)
+        finally:
+            os.close(fd)
+
+    def kill(self) -> None:
+        """SIGKILL every process in the leaf, atomically with respect to forks."""
+        try:
+            with open(f"{self.path}/cgroup.kill", "w") as f:
+                f.write("1")
+        except FileNotFoundError:
+            pass
+
+    def remove(self, root: str) -> None:
+        """Remove the (empty) leaf; ``root`` is the directory it must lie under."""
+        real_root = os.path.realpath(root)
+        real = os.path.realpath(self.path)
+        if os.path.islink(self.path) or os.path.dirname(real) != real_root:
+            raise ValueError(f"refusing to remove {self.path}: not a leaf directly under {root}")
+        try:
+            os.rmdir(real)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+
+
+class Hierarchy:
+    """Where this process may create leaves: the cgroup it lives in, if writable."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+
+    @classmethod
+    def find(cls) -> Hierarchy:
+        """The writable cgroup v2 directory of this process, or :class:`CgroupUnavailable`."""
+        mount = v2_mount()
+        if mount is None:
+            raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
+        rel = own_cgroup()
+        if rel is None:
+            raise CgroupUnavailable("this process has no cgroup v2 membership")
+        base = os.path.normpath(mount + rel)
+        if not os.path.isfile(f"{base}/cgroup.procs"):
+            raise CgroupUnavailable(f"{base}: not a cgroup v2 directory")
+        if not (os.access(base, os.W_OK) and os.access(f"{base}/cgroup.procs", os.W_OK)):
+            raise CgroupUnavailable(f"{base}: not writable by this user (no delegation)")
+        return cls(base)
+
+    def create(self, name: str) -> Leaf:
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"bad cgroup leaf name {name!r}")
+        path = f"{self.base}/{name}"
+        try:
+            os.mkdir(path)
+        except OSError as e:
+            raise CgroupUnavailable(f"cannot create {path}: {e.strerror}") from None
+        # The root cgroup has no cgroup.kill, so ask the new leaf.
+        if not os.path.isfile(f"{path}/cgroup.kill"):
+            os.rmdir(path)
+            raise CgroupUnavailable(f"{path}: no cgroup.kill (needs Linux 5.14 or newer)")
+        return Leaf(path)

@@ -1,0 +1,275 @@
+"""Run one command in the foreground until it ends, then stop all it started.
+
+This is ``hold run`` without the CLI: ``timeout(1)`` semantics (exit 124 at
+the time limit; signals forwarded), plus a stop of the whole tree with the
+survivor check on every way out. A caller composes it with other things to
+watch (``hold`` adds the lease's connection to the daemon) through ``extra``.
+
+Waiting is one ``poll`` over the child's pidfd (readable when it exits), the
+signal wakeup descriptor, and the caller's descriptors, with the time limit
+as the poll timeout: nothing wakes up periodically.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+from supervisor import cgroup as cg
+from supervisor.spawn import Child, owned_pids, spawn
+from supervisor.stop import StopReport, reap_adopted, stop_tree
+from supervisor.tree import Tree
+
+EXIT_SURVIVORS = 3
+EXIT_EXPIRED = 124
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class Cause(NamedTuple):
+    """Why the command is being stopped: ``exited``, ``expired``, ``signal`` or the caller's."""
+
+    kind: str
+    signal: int | None = None
+    detail: str = ""
+
+
+class RunResult(NamedTuple):
+    exit_code: int
+    cause: Cause
+    returncode: int | None  # the command's own status (negative: killed by that signal)
+    report: StopReport
+
+
+# Called with the descriptor that became readable; returns a cause to stop, or None.
+Extra = Callable[[int], Cause | None]
+
+
+def is_foreground_tty(fd: int = 0) -> bool:
+    """True when ``fd`` is a terminal whose foreground process group is ours."""
+    try:
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+
+
+class Foreground:
+    """One command, run to its end; see the module docstring.
+
+    ``interactive``: the command gets its own process group in our session
+    and the terminal's foreground (so a shell keeps Ctrl-C and job control,
+    as under ``timeout --foreground``); otherwise its own session.
+    ``hierarchy``: where to make the tree's cgroup leaf; None to walk /proc
+    (this process then becomes a child subreaper).
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        tree_id: str,
+        cpus: frozenset[int] | None = None,
+        timeout: float | None = None,
+        grace: float = 10.0,
+        stop_signal: int = signal.SIGTERM,
+        hierarchy: cg.Hierarchy | None = None,
+        interactive: bool = False,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = env
+        self.tree_id = tree_id
+        self.cpus = cpus
+        self.timeout = timeout
+        self.grace = grace
+        self.stop_signal = stop_signal
+        self.hierarchy = hierarchy
+        self.interactive = interactive
+        self.leaf: cg.Leaf | None = None
+        self.child: Child | None = None
+        self.tree: Tree | None = None
+        self.started = 0.0
+        self._prepared = False
+
+    def prepare(self) -> cg.Leaf | None:
+        """Create the cgroup leaf (if any) before the spawn; the caller may register it."""
+        self._prepared = True
+        if self.hierarchy is not None:
+            self.leaf = self.hierarchy.create(f"hold-{self.tree_id}")
+        else:
+            from supervisor.reaper import become_subreaper
+
+            become_subreaper()
+        return self.leaf
+
+    def run(
+        self,
+        extra: Mapping[int, Extra] | None = None,
+        on_started: Callable[[Tree], None] | None = None,
+    ) -> RunResult:
+        """Spawn, wait for the first way out, stop the tree, report.
+
+        Raises :class:`~supervisor.spawn.SpawnError` if the command cannot
+        start (nothing is left running then).
+        """
+        extra = dict(extra or {})
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        old_handlers: dict[int, object] = {}
+        for signum in (*FORWARDED, signal.SIGCHLD):
+            old_handlers[signum] = signal.signal(signum, _noop)
+        old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        if self.interactive:
+            old_handlers[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            if not self._prepared:
+                self.prepare()
+            try:
+                child = self._spawn()
+            except BaseException:
+                self._remove_leaf()
+                raise
+            self.child = child
+            tree = Tree(
+                tree_id=self.tree_id,
+                root=child.ident,
+                pgid=child.pid,
+                sid=child.pid if not self.interactive else None,
+                leaf=self.leaf,
+                adopts_orphans=self.leaf is None,
+                owned=owned_pids(),
+            )
+            self.tree = tree
+            if self.interactive:
+                self._give_terminal(child.pid)
+            if on_started is not None:
+                on_started(tree)
+            cause = self._wait(child, wake_r, extra)
+            sig = cause.signal if cause.kind == "signal" and cause.signal else self.stop_signal
+            tree.owned = owned_pids()
+            report = stop_tree(tree, sig=sig, grace=self.grace)
+            returncode = _collect(child)
+            if self.interactive:
+                self._give_terminal(os.getpgrp())
+            self._remove_leaf()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for signum, handler in old_handlers.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+            os.close(wake_r)
+            os.close(wake_w)
+
+        if report.survivors:
+            code = EXIT_SURVIVORS
+        elif cause.kind == "expired":
+            code = EXIT_EXPIRED
+        elif returncode is None:
+            code = EXIT_SURVIVORS
+        elif returncode < 0:
+            code = 128 - returncode
+        else:
+            code = returncode
+        return RunResult(code, cause, returncode, report)
+
+    def _spawn(self) -> Child:
+        self.started = time.monotonic()
+        return spawn(
+            self.argv,
+            env=self.env,
+            cpus=self.cpus,
+            new_session=not self.interactive,
+            cgroup=self.leaf,
+        )
+
+    def _wait(self, child: Child, wake: int, extra: Mapping[int, Extra]) -> Cause:
+        poller = select.poll()
+        poller.register(child.pidfd, select.POLLIN)
+        poller.register(wake, select.POLLIN)
+        for fd in extra:
+            poller.register(fd, select.POLLIN)
+        deadline = None if self.timeout is None else self.started + self.timeout
+        while True:
+            wait_ms = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return Cause("expired", detail=f"time limit of {self.timeout:g}s reached")
+                wait_ms = left * 1000
+            for fd, _ in poller.poll(wait_ms):
+                if fd == child.pidfd:
+                    if child.poll() is not None:
+                        return Cause("exited")
+                elif fd == wake:
+                    for signum in _drain(wake):
+                        if signum == signal.SIGCHLD:
+                            self._on_sigchld(child)
+                        elif signum in FORWARDED:
+                            return Cause("signal", signum, signal.Signals(signum).name)
+                elif fd in extra:
+                    cause = extra[fd](fd)
+                    if cause is not None:
+                        return cause
+
+    def _on_sigchld(self, child: Child) -> None:
+        if self.leaf is None:
+            reap_adopted(owned_pids())
+        if not self.interactive:
+            return
+        # The command was stopped from the terminal (Ctrl-Z): like a shell,
+        # take the terminal back and stop ourselves, so the shell above us
+        # sees the job stopped; when continued, hand it back and continue it.
+        try:
+            res = os.waitid(os.P_PIDFD, child.pidfd, os.WSTOPPED | os.WNOHANG)
+        except ChildProcessError:
+            return
+        if res is None or res.si_code != os.CLD_STOPPED:
+            return
+        self._give_terminal(os.getpgrp())
+        os.kill(os.getpid(), signal.SIGSTOP)
+        self._give_terminal(child.pid)
+        try:
+            os.killpg(child.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    def _give_terminal(self, pgid: int) -> None:
+        try:
+            os.tcsetpgrp(0, pgid)
+        except OSError:
+            return
+        if pgid != os.getpgrp():
+            # It may have stopped on SIGTTIN before it had the terminal.
+            try:
+                os.killpg(pgid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def _remove_leaf(self) -> None:
+        if self.leaf is not None and self.hierarchy is not None:
+            self.leaf.remove(self.hierarchy.base)
+
+
+def _noop(signum: int, frame: object) -> None:
+    """Signals are read from the wakeup descriptor; the handler only has to exist."""
+
+
+def _drain(fd: int) -> list[int]:
+    try:
+        return list(os.read(fd, 4096))
+    except BlockingIOError:
+        return []
+
+
+def _collect(child: Child) -> int | None:
+    """Reap the root, which the stop has ended; None if it would not die."""
+    if child.poll() is None:
+        poller = select.poll()
+        poller.register(child.pidfd, select.POLLIN)
+        poller.poll(1000)
+        return child.poll()
+    return child.returncode

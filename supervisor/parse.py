@@ -1,0 +1,117 @@
+"""Strict parsers for values that come from people: durations and CPU lists.
+
+Every parser raises :class:`BadValue` with a message that names the value,
+where it came from, and what would have been accepted. Nothing is defaulted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+
+class BadValue(ValueError):
+    """A value from a user, a file or a client that is not acceptable."""
+
+    def __init__(self, what: str, value: object, accepted: str, where: str = "") -> None:
+        self.what = what
+        self.value = value
+        self.accepted = accepted
+        self.where = where
+        loc = f"{where}: " if where else ""
+        super().__init__(f"{loc}{what} {value!r} is not valid: {accepted}")
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(
+    text: str,
+    *,
+    what: str = "duration",
+    plain_unit: str,
+    allow_zero: bool = False,
+    where: str = "",
+) -> float:
+    """Seconds in ``text`` (``90s``, ``4m``, ``2h``, ``1.5h``, ``250ms``, ``1d``).
+
+    A plain number is in ``plain_unit``: minutes for ``-t`` (as the tickets have
+    always been given), seconds for grace periods (as ``timeout -k``).
+    """
+    accepted = (
+        f"a number with a unit ms, s, m, h or d (90s, 4m, 2h); a plain number is {plain_unit}"
+        + ("" if allow_zero else "; more than zero")
+    )
+    m = _DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise BadValue(what, text, accepted, where)
+    unit = m.group(2) or {"minutes": "m", "seconds": "s"}[plain_unit]
+    seconds = float(m.group(1)) * _UNIT_SECONDS[unit]
+    if seconds == 0 and not allow_zero:
+        raise BadValue(what, text, accepted, where)
+    if seconds > 366 * 86400:
+        raise BadValue(what, text, "at most a year", where)
+    return seconds
+
+
+def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity, which includes cpuset limits)."""
+    return frozenset(os.sched_getaffinity(0))
+
+
+def format_cpus(cpus: frozenset[int] | set[int]) -> str:
+    """``{0,1,2,3,8}`` -> ``"0-3,8"`` (the kernel's ``Cpus_allowed_list`` form)."""
+    out: list[str] = []
+    run: list[int] = []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+_CPU_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def parse_cpus(
+    text: str, *, what: str = "CPU list", where: str = "", allowed: frozenset[int] | None = None
+) -> frozenset[int]:
+    """A CPU list like ``0-3,8`` -> ``{0,1,2,3,8}``.
+
+    Refused: empty, malformed (``0-``, ``3-1``, ``a``), or naming a CPU this
+    process may not use (``allowed``, default: this process's affinity). An
+    empty mask is never read as "no pinning".
+    """
+    if allowed is None:
+        allowed = allowed_cpus()
+    accepted = (
+        "a list of CPUs and ranges like 0-3,8, each within the CPUs this process "
+        f"may use ({format_cpus(allowed)})"
+    )
+    if not isinstance(text, str) or not text.strip():
+        raise BadValue(what, text, accepted, where)
+    cpus: set[int] = set()
+    for item in text.strip().split(","):
+        m = _CPU_ITEM.fullmatch(item.strip())
+        if m is None:
+            raise BadValue(what, text, accepted, where)
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo or hi >= 65536:
+            raise BadValue(what, text, accepted, where)
+        cpus.update(range(lo, hi + 1))
+    outside = cpus - allowed
+    if outside:
+        raise BadValue(
+            what,
+            text,
+            f"CPU {format_cpus(outside)} is not usable here; {accepted}",
+            where,
+        )
+    return frozenset(cpus)

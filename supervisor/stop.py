@@ -1,0 +1,284 @@
+"""Stop a whole tree, then prove it: ``stop_tree`` and its :class:`StopReport`.
+
+1. **Look** at the tree: its members, the files and device nodes they hold,
+   the ports they listen on (needed later to find anyone who still holds them).
+2. **Polite**: the stop signal, then SIGCONT (a stopped process cannot act on
+   TERM), to the root and its process group. Wait up to ``grace`` for the tree
+   to empty -- woken by the kernel (``cgroup.events`` or pidfds), not by polling.
+3. **Kill**: with a cgroup, ``cgroup.kill`` (atomic; forks racing it die too).
+   Without one, freeze-and-walk: SIGSTOP every member found and walk again
+   until a walk finds nobody new (a frozen process cannot fork), then SIGKILL.
+4. **Survivor check**: look again by every means -- membership as in
+   :mod:`supervisor.tree`, plus any process that started after the tree and
+   still holds one of its nodes or listens on one of its ports. Survivors are
+   killed again; those that still live make the report a failure.
+
+"Stopped" means the survivor check came back empty.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from supervisor import procscan
+from supervisor.identity import AccessDenied, Handle, NoSuchProcess, ProcessId, read_cmdline
+from supervisor.tree import Member, Tree
+
+_KILL_WAIT = 2.0  # seconds to wait for SIGKILLed processes to disappear
+_WALK_ROUNDS = 50  # freeze-and-walk gives up looking for new members after this
+
+
+class Survivor(NamedTuple):
+    pid: int
+    command: str
+    found_by: str
+
+
+class StopReport:
+    """What a stop did and what it proved.
+
+    ``outcome``: ``"empty"`` (nothing was running), ``"exited"`` (all left
+    within the grace after the polite signal), ``"killed"`` (the grace ran out
+    and the rest was killed). ``survivors`` lists what the final check still
+    found; the stop succeeded only when it is empty.
+    """
+
+    __slots__ = (
+        "duration",
+        "grace_used",
+        "held",
+        "killed",
+        "method",
+        "outcome",
+        "signal",
+        "stopped",
+        "survivors",
+        "tree_id",
+    )
+
+    def __init__(self, tree_id: str, signal: str, method: str) -> None:
+        self.tree_id = tree_id
+        self.signal = signal
+        self.method = method  # "cgroup" or "walk"
+        self.outcome = "empty"
+        self.stopped: list[Member] = []
+        self.killed: list[Member] = []
+        self.survivors: list[Survivor] = []
+        self.grace_used = 0.0
+        self.duration = 0.0
+        self.held: list[str] = []  # nodes and ports checked afterwards
+
+    @property
+    def ok(self) -> bool:
+        return not self.survivors
+
+    def summary(self) -> str:
+        head = (
+            f"tree {self.tree_id}: {self.outcome} via {self.method} "
+            f"({len(self.stopped)} stopped, {len(self.killed)} killed after "
+            f"{self.grace_used:.3f}s of {self.signal}; {self.duration * 1000:.1f} ms in all)"
+        )
+        if not self.survivors:
+            return head + "; survivor check empty"
+        lines = [head + f"; {len(self.survivors)} SURVIVED:"]
+        lines += [f"  pid {s.pid} ({s.found_by}): {s.command}" for s in self.survivors]
+        return "\n".join(lines)
+
+
+def _signal(ident: ProcessId, sig: int) -> bool:
+    try:
+        ident.send_signal(sig)
+        return True
+    except (NoSuchProcess, AccessDenied):
+        return False
+
+
+def _wait_gone(idents: Iterable[ProcessId], timeout: float) -> None:
+    """Wait until each process has exited (zombie or reaped), woken by its pidfd."""
+    handles: list[Handle] = []
+    for ident in idents:
+        try:
+            handles.append(Handle.open(ident))
+        except (NoSuchProcess, AccessDenied):
+            continue
+    try:
+        deadline = time.monotonic() + timeout
+        poller = select.poll()
+        for h in handles:
+            poller.register(h.fd, select.POLLIN)
+        pending = len(handles)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for _fd, _ in poller.poll(left * 1000):
+                poller.unregister(_fd)
+                pending -= 1
+    finally:
+        for h in handles:
+            h.close()
+
+
+def _wait_tree_empty(tree: Tree, timeout: float) -> dict[int, Member]:
+    """Wait up to ``timeout`` for every member to exit; the members still alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if tree.leaf is not None:
+            tree.leaf.wait_empty(max(0.0, deadline - time.monotonic()))
+        members = tree.members()
+        left = deadline - time.monotonic()
+        if not members or left <= 0:
+            return members
+        # Known members gone -> walk again, since they may have forked meanwhile.
+        _wait_gone((m.ident for m in members.values()), left)
+
+
+def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
+    """SIGSTOP every member, walking again until nobody new appears."""
+    frozen: dict[int, Member] = {}
+    for _ in range(_WALK_ROUNDS):
+        new = {pid: m for pid, m in tree.members().items() if pid not in frozen}
+        if not new:
+            break
+        for pid, m in new.items():
+            _signal(m.ident, signal.SIGSTOP)
+            frozen[pid] = m
+    return frozen
+
+
+def reap_adopted(owned: frozenset[int]) -> None:
+    """Reap zombie children that this process adopted as a subreaper.
+
+    Only pids known to be zombies and not owned by a :class:`~supervisor.spawn.Child`
+    are waited for, one by one: never ``waitpid(-1)``, which would steal
+    the exit status of a child that someone else is waiting for.
+    """
+    me = os.getpid()
+    for st in procscan.snapshot().values():
+        if st.ppid == me and st.is_dead and st.pid not in owned:
+            try:
+                os.waitpid(st.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def stop_tree(
+    tree: Tree,
+    *,
+    sig: int = signal.SIGTERM,
+    grace: float = 10.0,
+    watch: Iterable[procscan.Node] = (),
+) -> StopReport:
+    """Stop every process of ``tree`` and check that nothing survived.
+
+    ``watch`` names nodes (e.g. device nodes the tree was given) that nobody
+    started after the tree may hold once it is stopped, in addition to those
+    its members are seen holding at the start of the stop.
+    """
+    t0 = time.monotonic()
+    report = StopReport(
+        tree.tree_id, signal.Signals(sig).name, method="cgroup" if tree.leaf is not None else "walk"
+    )
+    members = tree.members()
+    report.stopped = list(members.values())
+
+    # 1. What they hold, so the survivor check can ask who still holds it.
+    nodes: dict[tuple[int, int], procscan.Node] = {n.key: n for n in watch}
+    sockets: set[int] = set()
+    for pid in members:
+        # The root's 0-2 are what we gave it (a terminal, our pipes, a log).
+        h = procscan.holdings(pid, skip_fds=(0, 1, 2) if pid == tree.root.pid else ())
+        nodes.update(h.nodes)
+        sockets |= h.sockets
+    ports: set[tuple[str, int]] = set()
+    if sockets:
+        listening = procscan.listeners()
+        ports = {(listening[i].proto, listening[i].port) for i in sockets if i in listening}
+    report.held = [n.path for n in nodes.values()] + [f"{p}/{n}" for p, n in sorted(ports)]
+
+    # 2. Polite signal to the root and its group, and wait for them.
+    if members:
+        for m in members.values():
+            if m.pid == tree.root.pid or "group" in m.found_by:
+                _signal(m.ident, sig)
+                _signal(m.ident, signal.SIGCONT)
+        members = _wait_tree_empty(tree, grace)
+        report.grace_used = time.monotonic() - t0
+        report.outcome = "exited"
+
+    # 3. Kill what is left.
+    if members:
+        report.outcome = "killed"
+        if tree.leaf is not None:
+            tree.leaf.kill()
+            # Members outside the leaf (found by marker or session: started
+            # before the leaf existed, or moved out by someone) die one by one.
+            outside = [m for m in members.values() if "cgroup" not in m.found_by]
+            for m in outside:
+                _signal(m.ident, signal.SIGKILL)
+            tree.leaf.wait_empty(_KILL_WAIT)
+            _wait_gone((m.ident for m in outside), _KILL_WAIT)
+            report.killed = list(members.values())
+        else:
+            frozen = _freeze_and_walk(tree)
+            for m in frozen.values():
+                _signal(m.ident, signal.SIGKILL)
+            _wait_gone((m.ident for m in frozen.values()), _KILL_WAIT)
+            report.killed = list(frozen.values())
+
+    # 4. Survivor check, escalated once.
+    survivors = _survivors(tree, nodes, ports)
+    if survivors:
+        for ident in survivors:
+            _signal(ident, signal.SIGKILL)
+        if tree.leaf is not None:
+            tree.leaf.kill()
+        _wait_gone(survivors, _KILL_WAIT)
+        survivors = _survivors(tree, nodes, ports)
+    report.survivors = [Survivor(i.pid, _cmdline(i.pid), why) for i, why in survivors.items()]
+    if tree.adopts_orphans:
+        reap_adopted(tree.owned)
+    report.duration = time.monotonic() - t0
+    return report
+
+
+def _survivors(
+    tree: Tree,
+    nodes: dict[tuple[int, int], procscan.Node],
+    ports: set[tuple[str, int]],
+) -> dict[ProcessId, str]:
+    procs = procscan.snapshot()
+    out: dict[ProcessId, str] = {
+        m.ident: "+".join(m.found_by) for m in tree.members(procs).values()
+    }
+    me = os.getpid()
+    protected = {me} | {st.pid for st in procscan.ancestors(me)}
+    # Only a process started at or after the tree's root can be its escapee;
+    # an older one that holds the same file is somebody else's.
+    younger = [
+        st.pid
+        for st in procs.values()
+        if st.starttime >= tree.root.starttime and not st.is_dead and st.pid not in protected
+    ]
+    for pid, node in procscan.holders_of(set(nodes), younger).items():
+        ident = ProcessId(pid, procs[pid].starttime)
+        out.setdefault(ident, f"holds {node.path}")
+    if ports:
+        listening = procscan.listeners()
+        still = {i: ln for i, ln in listening.items() if (ln.proto, ln.port) in ports}
+        for inode, pid in procscan.socket_owners(set(still), younger).items():
+            ident = ProcessId(pid, procs[pid].starttime)
+            out.setdefault(ident, f"listens on {still[inode].proto}/{still[inode].port}")
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return read_cmdline(pid)
+    except (NoSuchProcess, AccessDenied):
+        return "?"

@@ -1,0 +1,143 @@
+"""A tree: every process that belongs to one spawned thing, found by every means.
+
+Membership, strongest first:
+
+* ``cgroup`` -- in the tree's cgroup leaf (cannot be escaped);
+* ``group`` / ``session`` -- in the process group / session the root was
+  given at spawn (``setsid`` escapes these);
+* ``descendant`` -- the parent chain reaches a process already known to be a
+  member (double-forking escapes this once the middle process exits, unless
+  we are the subreaper that adopts the orphan);
+* ``adopted`` -- an orphan re-parented to this process, which is a child
+  subreaper (``PR_SET_CHILD_SUBREAPER``);
+* ``marker`` -- carries ``HOLD_TREE=<id>`` in its environment (survives all of
+  the above; only a program that execs with a cleaned environment loses it).
+
+The marker is used to *find* processes, never to authorise anything: a
+process can put any text it likes in its environment, so the most a forged
+marker can do is get its own process stopped along with a tree of the same
+user, which it could have done to itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from supervisor import procscan
+from supervisor.cgroup import Leaf
+from supervisor.environ import MARKER
+from supervisor.identity import ProcessId, Stat
+
+
+class Member(NamedTuple):
+    ident: ProcessId
+    comm: str
+    found_by: tuple[str, ...]
+
+    @property
+    def pid(self) -> int:
+        return self.ident.pid
+
+
+class Tree:
+    """The processes of one spawned thing. ``root`` is the process that was spawned.
+
+    ``sid`` is None when the root kept the caller's session (interactive).
+    ``adopts_orphans``: this process is a subreaper and this is the only tree
+    whose orphans it adopts, so its unowned children belong to the tree;
+    ``owned`` are children of ours that others reap (never "adopted").
+    ``seen`` remembers every member ever found, to find their descendants
+    after the process between them has exited.
+    """
+
+    __slots__ = ("adopts_orphans", "leaf", "owned", "pgid", "root", "seen", "sid", "tree_id")
+
+    def __init__(
+        self,
+        tree_id: str,
+        root: ProcessId,
+        pgid: int,
+        sid: int | None,
+        leaf: Leaf | None = None,
+        adopts_orphans: bool = False,
+        owned: frozenset[int] = frozenset(),
+    ) -> None:
+        self.tree_id = tree_id
+        self.root = root
+        self.pgid = pgid
+        self.sid = sid
+        self.leaf = leaf
+        self.adopts_orphans = adopts_orphans
+        self.owned = owned
+        self.seen: set[ProcessId] = set()
+
+    @property
+    def marker(self) -> bytes:
+        return f"{MARKER}={self.tree_id}".encode()
+
+    def members(self, procs: dict[int, Stat] | None = None) -> dict[int, Member]:
+        """Live (non-zombie) members now, each with how it was found.
+
+        Never includes this process or its ancestors.
+        """
+        if procs is None:
+            procs = procscan.snapshot()
+        me = os.getpid()
+        protected = {me} | {st.pid for st in procscan.ancestors(me)}
+        reasons: dict[int, list[str]] = {}
+
+        def add(pid: int, why: str) -> None:
+            st = procs.get(pid)
+            if st is None or st.is_dead or pid in protected:
+                return
+            reasons.setdefault(pid, []).append(why)
+
+        if self.leaf is not None:
+            for pid in self.leaf.pids():
+                add(pid, "cgroup")
+        known = {
+            i.pid
+            for i in self.seen
+            if procs.get(i.pid, None) is not None and procs[i.pid].starttime == i.starttime
+        }
+        if self.root.matches():
+            known.add(self.root.pid)
+        for st in procs.values():
+            if st.pgrp == self.pgid and self._plausible(st):
+                add(st.pid, "group")
+            if self.sid is not None and st.session == self.sid and self._plausible(st):
+                add(st.pid, "session")
+            if self.adopts_orphans and st.ppid == me and st.pid not in self.owned:
+                add(st.pid, "adopted")
+        marker = self.marker
+        for st in procs.values():
+            if st.starttime >= self.root.starttime and not st.is_dead:
+                has = procscan.environ_has(st.pid, marker)
+                if has:
+                    add(st.pid, "marker")
+        roots = known | set(reasons)
+        for pid in procscan.descendants(roots, procs):
+            add(pid, "descendant")
+
+        out: dict[int, Member] = {}
+        for pid, why in reasons.items():
+            st = procs[pid]
+            ident = ProcessId(pid, st.starttime)
+            self.seen.add(ident)
+            out[pid] = Member(ident, st.comm, tuple(dict.fromkeys(why)))
+        return out
+
+    def _plausible(self, st: Stat) -> bool:
+        # A group or session id is the pid of the process that created it. Once
+        # that process and every member are gone the number may be reused by an
+        # unrelated group; a member that started before the root cannot be ours.
+        return st.starttime >= self.root.starttime
+
+    def forget_dead(self) -> None:
+        self.seen = {i for i in self.seen if i.matches()}
+
+
+def describe(members: Iterable[Member]) -> str:
+    return ", ".join(f"{m.pid} ({m.comm}, {'+'.join(m.found_by)})" for m in members)
