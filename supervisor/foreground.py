@@ -159,8 +159,8 @@ class Foreground:
             self._remove_leaf()
         finally:
             signal.set_wakeup_fd(old_wakeup)
-            for signum, handler in old_handlers.items():
-                signal.signal(signum, handler)  # type: ignore[arg-type]
+            for num, handler in old_handlers.items():
+                signal.signal(num, handler)  # type: ignore[arg-type]
             os.close(wake_r)
             os.close(wake_w)
 

@@ -3,7 +3,7 @@
 1. **Look** at the tree: its members, the files and device nodes they hold,
    the ports they listen on (needed later to find anyone who still holds them).
 2. **Polite**: the stop signal, then SIGCONT (a stopped process cannot act on
-   TERM), to the root and its process group. Wait up to ``grace`` for the tree
+   TERM), to every member found (not only the process group: escapees too). Wait up to ``grace`` for the tree
    to empty -- woken by the kernel (``cgroup.events`` or pidfds), not by polling.
 3. **Kill**: with a cgroup, ``cgroup.kill`` (atomic; forks racing it die too).
    Without one, freeze-and-walk: SIGSTOP every member found and walk again
@@ -201,12 +201,13 @@ def stop_tree(
         ports = {(listening[i].proto, listening[i].port) for i in sockets if i in listening}
     report.held = [n.path for n in nodes.values()] + [f"{p}/{n}" for p, n in sorted(ports)]
 
-    # 2. Polite signal to the root and its group, and wait for them.
+    # 2. Polite signal to every member, and wait for them. Not only to the
+    # group: an escapee that left it deserves the same chance to shut down
+    # cleanly as its siblings (systemd's KillMode=control-group does the same).
     if members:
         for m in members.values():
-            if m.pid == tree.root.pid or "group" in m.found_by:
-                _signal(m.ident, sig)
-                _signal(m.ident, signal.SIGCONT)
+            _signal(m.ident, sig)
+            _signal(m.ident, signal.SIGCONT)
         members = _wait_tree_empty(tree, grace)
         report.grace_used = time.monotonic() - t0
         report.outcome = "exited"

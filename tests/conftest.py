@@ -1,0 +1,218 @@
+"""Shared fixtures: an isolated state directory and configuration per test, real
+unprivileged users, and the leak check that fails any test leaving a process.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from supervisor import procscan
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGS = Path(__file__).resolve().parent / "progs"
+HOLD = [sys.executable, "-m", "hold"]
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------
+# Isolation: every test gets its own HOLD_STATE_DIR and HOLD_CONFIG.
+
+
+@pytest.fixture(autouse=True)
+def isolated_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    state = tmp_path / "state"
+    config = tmp_path / "config.yaml"
+    config.write_text("cgroups: auto\n")
+    monkeypatch.setenv("HOLD_STATE_DIR", str(state))
+    monkeypatch.setenv("HOLD_CONFIG", str(config))
+    return tmp_path
+
+
+@pytest.fixture(params=["cgroup", "walk"])
+def cgroup_mode(request: pytest.FixtureRequest, isolated_hold: Path) -> str:
+    """Run the test once with cgroup leaves and once with the /proc walk."""
+    mode: str = request.param
+    if mode == "cgroup":
+        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+
+        try:
+            Hierarchy.find()
+        except CgroupUnavailable as e:
+            pytest.skip(f"no writable cgroup v2 here: {e}")
+        (isolated_hold / "config.yaml").write_text("cgroups: required\n")
+    else:
+        (isolated_hold / "config.yaml").write_text("cgroups: off\n")
+    return mode
+
+
+# --------------------------------------------------------------------------
+# The leak check.
+
+
+def _new_processes(before: set[tuple[int, int]], since_ticks: int) -> list[procscan.Stat]:
+    """Processes that started during the test and are still alive (not zombies).
+
+    A test's processes may re-parent to init (that is what escapees do), so
+    "ours" is "started after the test began", not "our descendant".
+    """
+    me = os.getpid()
+    out = []
+    for st in procscan.snapshot().values():
+        if st.pid == me or st.is_dead or (st.pid, st.starttime) in before:
+            continue
+        if st.starttime >= since_ticks:
+            out.append(st)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    before = {(st.pid, st.starttime) for st in procscan.snapshot().values()}
+    # A fresh process's start time: anything started from now on is >= this.
+    probe = subprocess.run(
+        ["sh", "-c", "cat /proc/self/stat"], capture_output=True, check=True
+    ).stdout
+    since = procscan.parse_stat(0, probe).starttime
+    yield
+    deadline = time.monotonic() + 2.0
+    leaked = _new_processes(before, since)
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        leaked = _new_processes(before, since)
+    if leaked:
+        desc = "; ".join(f"{st.pid} {procscan_cmd(st.pid)}" for st in leaked)
+        for st in leaked:
+            try:
+                os.kill(st.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        pytest.fail(f"test left {len(leaked)} process(es) behind: {desc}")
+
+
+def procscan_cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+    except OSError:
+        return "?"
+
+
+# --------------------------------------------------------------------------
+# Helpers for real commands.
+
+
+def hold_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float = 5.0, interval: float = 0.01, what: str = "it"
+) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def alive(pid: int) -> bool:
+    st = procscan.stat_of(pid)
+    return st is not None and not st.is_dead
+
+
+# --------------------------------------------------------------------------
+# Unprivileged users: a real account, and a copy of this package and its
+# dependencies that the account may read (the checkout and the venv may sit
+# under /root, which other users cannot enter).
+
+
+@pytest.fixture(scope="session")
+def unpriv_user() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("creating a user needs root")
+    name = "holdtest"
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
+    return name
+
+
+@pytest.fixture(scope="session")
+def other_user() -> str:
+    """A second unprivileged account, for "another user's lease/process"."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a user needs root")
+    name = "holdtest2"
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
+    return name
+
+
+@pytest.fixture(scope="session")
+def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -> Path:
+    """A world-readable directory holding ``hold``, ``supervisor`` and their dependencies."""
+    base = tmp_path_factory.mktemp("unpriv-runtime")
+    site = Path(sysconfig.get_paths()["purelib"])
+    for pkg in ("hold", "supervisor"):
+        shutil.copytree(ROOT / pkg, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("psutil", "yaml", "_yaml", "click", "filelock", "structlog"):
+        src = site / pkg
+        if src.is_dir():
+            shutil.copytree(src, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PROGS, base / "progs")
+    for p in [base, *base.parents]:
+        if p == Path("/"):
+            break
+        os.chmod(p, os.stat(p).st_mode | 0o055)
+    subprocess.run(["chmod", "-R", "a+rX", str(base)], check=True)
+    return base
+
+
+def unpriv_python() -> str:
+    """A Python the unprivileged user may execute: ours if reachable, else the system's."""
+    for cand in (sys.executable, "/usr/bin/python3"):
+        real = os.path.realpath(cand)
+        ok = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", real, "-c", "pass"],
+            capture_output=True,
+        )
+        if ok.returncode == 0:
+            return real
+    pytest.skip("no Python interpreter here that an unprivileged user may run")
+
+
+def as_user(user: str, argv: list[str], runtime: Path, env: dict[str, str]) -> list[str]:
+    """The command line that runs ``argv`` as ``user`` with the copied runtime on sys.path."""
+    pw = pwd.getpwnam(user)
+    full = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": pw.pw_dir,
+        "USER": user,
+        "PYTHONPATH": str(runtime),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **env,
+    }
+    return [
+        "setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+        "env", "-i", *[f"{k}={v}" for k, v in full.items()], *argv,
+    ]  # fmt: skip
