@@ -3,8 +3,9 @@
 1. **Look** at the tree: its members, the files and device nodes they hold,
    the ports they listen on (needed later to find anyone who still holds them).
 2. **Polite**: the stop signal, then SIGCONT (a stopped process cannot act on
-   TERM), to every member found (not only the process group: escapees too). Wait up to ``grace`` for the tree
-   to empty -- woken by the kernel (``cgroup.events`` or pidfds), not by polling.
+   TERM), to every member found (not only the process group: escapees too).
+   Wait up to ``grace`` for the tree to empty -- woken by the kernel
+   (``cgroup.events`` or pidfds), not by polling.
 3. **Kill**: with a cgroup, ``cgroup.kill`` (atomic; forks racing it die too).
    Without one, freeze-and-walk: SIGSTOP every member found and walk again
    until a walk finds nobody new (a frozen process cannot fork), then SIGKILL.
