@@ -59,38 +59,49 @@ def cgroup_mode(request: pytest.FixtureRequest, isolated_hold: Path) -> str:
 
 # --------------------------------------------------------------------------
 # The leak check.
+#
+# pytest makes itself a child subreaper, so every process a test starts stays
+# its descendant however it detaches (setsid, double fork): orphans are
+# re-parented to the nearest subreaper above them, never past pytest to init.
+# "Left behind" is then exactly "a live descendant of pytest after the test",
+# and tests running in parallel elsewhere on the machine are never mistaken
+# for leaks (or killed).
 
 
-def _new_processes(before: set[tuple[int, int]], since_ticks: int) -> list[procscan.Stat]:
-    """Processes that started during the test and are still alive (not zombies).
+def pytest_configure(config: pytest.Config) -> None:
+    from supervisor.reaper import become_subreaper
 
-    A test's processes may re-parent to init (that is what escapees do), so
-    "ours" is "started after the test began", not "our descendant".
-    """
+    become_subreaper()
+
+
+def _live_descendants() -> list[procscan.Stat]:
+    procs = procscan.snapshot()
+    return [
+        procs[pid] for pid in procscan.descendants([os.getpid()], procs) if not procs[pid].is_dead
+    ]
+
+
+def _reap_adopted_zombies() -> None:
     me = os.getpid()
-    out = []
     for st in procscan.snapshot().values():
-        if st.pid == me or st.is_dead or (st.pid, st.starttime) in before:
-            continue
-        if st.starttime >= since_ticks:
-            out.append(st)
-    return out
+        if st.ppid == me and st.is_dead:
+            try:
+                os.waitpid(st.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind() -> Iterator[None]:
-    before = {(st.pid, st.starttime) for st in procscan.snapshot().values()}
-    # A fresh process's start time: anything started from now on is >= this.
-    probe = subprocess.run(
-        ["sh", "-c", "cat /proc/self/stat"], capture_output=True, check=True
-    ).stdout
-    since = procscan.parse_stat(0, probe).starttime
+    before = {(st.pid, st.starttime) for st in _live_descendants()}
     yield
     deadline = time.monotonic() + 2.0
-    leaked = _new_processes(before, since)
-    while leaked and time.monotonic() < deadline:
+    while True:
+        _reap_adopted_zombies()
+        leaked = [st for st in _live_descendants() if (st.pid, st.starttime) not in before]
+        if not leaked or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
-        leaked = _new_processes(before, since)
     if leaked:
         desc = "; ".join(f"{st.pid} {procscan_cmd(st.pid)}" for st in leaked)
         for st in leaked:
@@ -98,6 +109,8 @@ def no_process_left_behind() -> Iterator[None]:
                 os.kill(st.pid, signal.SIGKILL)
             except OSError:
                 pass
+        time.sleep(0.1)
+        _reap_adopted_zombies()
         pytest.fail(f"test left {len(leaked)} process(es) behind: {desc}")
 
 
@@ -143,16 +156,23 @@ def alive(pid: int) -> bool:
 # under /root, which other users cannot enter).
 
 
+def _ensure_user(name: str) -> str:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        res = subprocess.run(
+            ["useradd", "--create-home", "--shell", "/bin/sh", name], capture_output=True
+        )
+        if res.returncode not in (0, 9):  # 9: created meanwhile by another run
+            raise RuntimeError(f"useradd {name}: {res.stderr.decode()}")
+    return name
+
+
 @pytest.fixture(scope="session")
 def unpriv_user() -> str:
     if os.geteuid() != 0:
         pytest.skip("creating a user needs root")
-    name = "holdtest"
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
-    return name
+    return _ensure_user("holdtest")
 
 
 @pytest.fixture(scope="session")
@@ -160,12 +180,7 @@ def other_user() -> str:
     """A second unprivileged account, for "another user's lease/process"."""
     if os.geteuid() != 0:
         pytest.skip("creating a user needs root")
-    name = "holdtest2"
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
-    return name
+    return _ensure_user("holdtest2")
 
 
 @pytest.fixture(scope="session")
