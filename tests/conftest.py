@@ -164,7 +164,7 @@ def _ensure_user(name: str) -> str:
             ["useradd", "--create-home", "--shell", "/bin/sh", name], capture_output=True
         )
         if res.returncode not in (0, 9):  # 9: created meanwhile by another run
-            raise RuntimeError(f"useradd {name}: {res.stderr.decode()}")
+            raise RuntimeError(f"useradd {name}: {res.stderr.decode()}") from None
     return name
 
 
