@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
+from typing import Any
+
 import click
 
-from hold.runcmd import OPTIONS, help_text
+from hold.runcmd import help_text
+from supervisor.parse import BadValue
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,8 +23,7 @@ def cli() -> None:
     "run",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     add_help_option=False,
-    help="Run COMMAND; when it ends, everything it started ends. " + f"({len(OPTIONS)} options: "
-    "hold run --help)",
+    help="Run COMMAND; when it ends, everything it started ends (hold run --help).",
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(args: tuple[str, ...]) -> None:
@@ -26,4 +32,114 @@ def run_cmd(args: tuple[str, ...]) -> None:
     raise SystemExit(main_run(list(args)))
 
 
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"hold: {msg}", err=True)
+    raise SystemExit(code)
+
+
+def _state_dir() -> Any:
+    from hold.statedir import open_state_dir
+
+    try:
+        return open_state_dir()
+    except BadValue as e:
+        _fail(str(e))
+
+
+def _classes() -> Any:
+    from hold.config import load
+    from hold.devices import classes_from_config
+
+    try:
+        cfg = load()
+        return cfg, classes_from_config(cfg.devices, cfg.path)
+    except BadValue as e:
+        _fail(str(e))
+
+
+@cli.command("daemon")
+@click.option("--detach", is_flag=True, help="Fork into the background (used by autostart).")
+def daemon_cmd(detach: bool) -> None:
+    """Serve device leases for this state directory (one daemon per directory)."""
+    from hold.daemon import Daemon
+
+    cfg, classes = _classes()
+    sd = _state_dir()
+    if detach and os.fork() > 0:
+        # The client that started us reaps this first process at once; the
+        # daemon itself is orphaned and never anyone's zombie.
+        os._exit(0)
+    raise SystemExit(Daemon(sd, classes, home_tokens=cfg.home_tokens).serve())
+
+
+def _client() -> Any:
+    from hold.client import Client, DaemonUnreachable
+
+    try:
+        return Client.connect(_state_dir())
+    except DaemonUnreachable as e:
+        _fail(str(e), 125)
+
+
+@cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_cmd(as_json: bool) -> None:
+    """Each device, its holder, and its queue."""
+    ans = _client().request({"op": "status"})
+    if as_json:
+        click.echo(json.dumps(ans["classes"], indent=2, sort_keys=True))
+        return
+    now = time.time()
+    for cls, info in sorted(ans["classes"].items()):
+        for dev in info["devices"]:
+            h = dev["holder"]
+            name = f"{cls}:{dev['index']}"
+            if h is None:
+                click.echo(f"{name:<8} free")
+                continue
+            since = time.strftime("%H:%M:%S", time.localtime(h["since"]))
+            until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["expires"]))
+            click.echo(f"{name:<8} {h['state']:<7} lease {h['lease']}  {h['label']!r}  pid "
+                       f"{h['pid']}  user {h['user']}  since {since} "
+                       f"({int(now - h['since'])}s)  expires {until}")  # fmt: skip
+        for n, w in enumerate(info["queue"], 1):
+            what = ",".join(map(str, w["indices"])) if w["indices"] else f"{w['count']} device(s)"
+            click.echo(f"{'':<8} queue {n}: {w['label']!r} pid {w['pid']} user {w['user']} "
+                       f"wants {what}")  # fmt: skip
+
+
+@cli.command("check")
+@click.option("--device", "cls", default="npu", show_default=True, help="Device class.")
+def check_cmd(cls: str) -> None:
+    """Exit 0 if this process runs inside a live lease of that class, else 1."""
+    from hold.guard import check
+
+    _cfg, classes = _classes()
+    if cls not in classes:
+        _fail(f"--device {cls!r} is not valid: one of {', '.join(sorted(classes))}")
+    # The caller is our parent: `hold check` is a program run by the script
+    # that asks, so the question is about the parent's ancestry and cgroup.
+    ok, why = check(_state_dir(), cls, os.getppid())
+    click.echo(f"hold check: {why}", err=not ok)
+    raise SystemExit(0 if ok else 1)
+
+
+@cli.command("release")
+@click.argument("lease_id")
+def release_cmd(lease_id: str) -> None:
+    """End a lease (yours, or any as root): its tree is stopped, with the survivor check."""
+    client = _client()
+    client.send({"op": "release", "lease": lease_id})
+    ans = client.recv(time.monotonic() + 3600)
+    if ans is None or ans.get("ev") == "error":
+        _fail(str(ans.get("error") if ans else "the daemon closed the connection"),
+              int(ans.get("code", 2)) if ans else 125)  # fmt: skip
+    survivors = ans.get("survivors") or []
+    for s in survivors:
+        click.echo(f"hold: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True)
+    click.echo(f"hold: lease {lease_id} released")
+    raise SystemExit(3 if survivors else 0)
+
+
 __all__ = ["cli", "help_text"]
+_ = sys

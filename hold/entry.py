@@ -1,4 +1,5 @@
-"""Console entry points. ``hold run`` is dispatched before click is imported.
+"""Console entry points. ``hold run``, ``npu-hold`` and ``gpu-hold`` are
+dispatched before click is imported (their start-up time is a benchmark).
 
 Every other subcommand goes through the click group in :mod:`hold.cli`.
 """
@@ -16,21 +17,28 @@ def main(argv: list[str] | None = None) -> int:
         return main_run(argv[1:])
     from hold.cli import cli
 
-    return int(cli.main(args=argv, prog_name="hold", standalone_mode=False) or 0)
+    try:
+        return int(cli.main(args=argv, prog_name="hold", standalone_mode=False) or 0)
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except Exception as e:
+        import click
 
-
-def _needs_daemon(prog: str) -> int:
-    print(
-        f"{prog}: needs the ticket daemon, which is not built yet; "
-        "use 'hold run' for a command without a device",
-        file=sys.stderr,
-    )
-    return 125
+        if isinstance(e, click.exceptions.Abort):
+            return 130
+        if isinstance(e, click.ClickException):
+            e.show()
+            return 2
+        raise
 
 
 def npu_main() -> int:
-    return _needs_daemon("npu-hold")
+    from hold.runcmd import main_run
+
+    return main_run(sys.argv[1:], prog="npu-hold", device="npu")
 
 
 def gpu_main() -> int:
-    return _needs_daemon("gpu-hold")
+    from hold.runcmd import main_run
+
+    return main_run(sys.argv[1:], prog="gpu-hold", device="gpu")

@@ -1,9 +1,16 @@
-"""``hold run``: parse its arguments strictly and run the command to its end.
+"""``hold run`` / ``npu-hold`` / ``gpu-hold``: parse strictly, then run to the end.
 
 The argument parser is hand-written rather than click's: this is the hot
 path (``hold run -- true`` and ``npu-hold -- true`` are benchmarks), and
 importing click alone costs several times Python's own start-up. The option
 table below is the single source for the parser and for ``--help``.
+
+The flow: connect to the daemon (starting one if none answers); with a
+device, ask for a lease and wait in line; register the command's tree (its
+marker and cgroup leaf, before the spawn) so the daemon can stop it if we
+die; run it in the foreground; stop everything it started. Without a device,
+an unreachable daemon only costs the guardian (a warning); with one, it is
+fatal (125), since nothing could be granted.
 """
 
 from __future__ import annotations
@@ -11,34 +18,46 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from supervisor.parse import BadValue, parse_cpus, parse_duration
 
+if TYPE_CHECKING:  # imported where used: see the module docstring
+    from hold.client import Client
+    from hold.statedir import StateDir
+    from supervisor.foreground import Cause
+
 USAGE = "hold run [OPTIONS] -- COMMAND [ARG...]"
+DEFAULT_TTL = 24 * 3600.0  # a lease without -t; shown by `hold status`
+EXIT_BUSY = 75
+EXIT_TOOL = 125
 
 # (long, short, metavar or None for a flag, help)
-OPTIONS: tuple[tuple[str, str | None, str | None, str], ...] = (
-    (
-        "--time",
-        "-t",
-        "DURATION",
-        "time limit: 90s, 4m, 2h (a plain number is minutes); at the limit the "
-        "command is stopped and the exit status is 124",
-    ),
+Option = tuple[str, str | None, str | None, str]
+OPTIONS: tuple[Option, ...] = (
+    ("--time", "-t", "DURATION",
+     "time limit: 90s, 4m, 2h (a plain number is minutes); at the limit the "
+     "command is stopped and the exit status is 124"),
     ("--cpus", None, "LIST", "run on these CPUs only, e.g. 0-3,8"),
-    (
-        "--grace",
-        None,
-        "DURATION",
-        "how long the command may take to stop after the polite signal before it "
-        "is killed (a plain number is seconds; default 10s)",
-    ),
+    ("--grace", None, "DURATION",
+     "how long the command may take to stop after the polite signal before it "
+     "is killed (a plain number is seconds; default 10s)"),
     ("--signal", "-s", "SIGNAL", "the polite stop signal (default TERM)"),
     ("--env", "-e", "NAME=VALUE", "set a variable for the command (repeatable)"),
     ("--pass-env", None, "NAME", "pass this variable through from here (repeatable)"),
+    ("--device", "-d", "CLASS[:INDEX,...]",
+     "hold a lease on devices of this class (npu, gpu, or one configured) while "
+     "the command runs"),
+    ("--label", "-l", "LABEL", "what the lease is for, shown to others (with --device)"),
+    ("--count", "-n", "COUNT", "how many devices of the class (with --device; default 1)"),
+    ("--wait-timeout", None, "DURATION",
+     "give up waiting for the device after this long: exit 75 (plain number: seconds)"),
+    ("--no-wait", None, None, "exit 75 at once if the device is taken"),
     ("--verbose", "-v", None, "print the stop report on stderr"),
     ("--help", "-h", None, "show this message and exit"),
-)
+)  # fmt: skip
 
 
 class UsageError(Exception):
@@ -56,19 +75,22 @@ class RunArgs:
         self.signal = int(signal.SIGTERM)
         self.env: dict[str, str] = {}
         self.pass_env: list[str] = []
+        self.device: str | None = None
+        self.label: str | None = None
+        self.count: int | None = None
+        self.wait_timeout: float | None = None
+        self.no_wait = False
         self.verbose = False
         self.help = False
 
 
-def help_text(
-    usage: str = USAGE, options: tuple[tuple[str, str | None, str | None, str], ...] = OPTIONS
-) -> str:
+def help_text(usage: str = USAGE, options: tuple[Option, ...] = OPTIONS) -> str:
     lines = [f"Usage: {usage}", ""]
     for long, short, meta, text in options:
         name = f"{short}, {long}" if short else f"    {long}"
         if meta:
             name += f" {meta}"
-        lines.append(f"  {name:<26} {text}")
+        lines.append(f"  {name:<30} {text}")
     return "\n".join(lines)
 
 
@@ -83,15 +105,14 @@ def parse_signal(text: str) -> int:
         if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
             return int(sig)
     raise BadValue(
-        "--signal",
-        text,
+        "--signal", text,
         "a signal name or number such as TERM, INT, HUP "
         "(not KILL or STOP: the polite signal must be catchable)",
-    )
+    )  # fmt: skip
 
 
 def split_options(
-    argv: list[str], table: tuple[tuple[str, str | None, str | None, str], ...]
+    argv: list[str], table: tuple[Option, ...]
 ) -> tuple[list[tuple[str, str | None]], list[str]]:
     """Split ``argv`` into ``[(long, value)]`` and the command after them.
 
@@ -130,17 +151,20 @@ def split_options(
     return out, []
 
 
-def parse_run_args(argv: list[str]) -> RunArgs:
+def parse_run_args(argv: list[str], *, device: str | None = None) -> RunArgs:
     """Strictly parse ``hold run`` arguments; raises UsageError or BadValue."""
     from supervisor.environ import check_name, parse_assignment
 
     opts, command = split_options(argv, OPTIONS)
     args = RunArgs(command=command)
+    args.device = device
     for long, value in opts:
         if long == "--help":
             args.help = True
         elif long == "--verbose":
             args.verbose = True
+        elif long == "--no-wait":
+            args.no_wait = True
         elif value is None:
             raise AssertionError(long)
         elif long == "--time":
@@ -148,9 +172,8 @@ def parse_run_args(argv: list[str]) -> RunArgs:
         elif long == "--cpus":
             args.cpus = parse_cpus(value, what="--cpus")
         elif long == "--grace":
-            args.grace = parse_duration(
-                value, what="--grace", plain_unit="seconds", allow_zero=True
-            )
+            args.grace = parse_duration(value, what="--grace", plain_unit="seconds",
+                                        allow_zero=True)  # fmt: skip
         elif long == "--signal":
             args.signal = parse_signal(value)
         elif long == "--env":
@@ -158,66 +181,298 @@ def parse_run_args(argv: list[str]) -> RunArgs:
             args.env[k] = v
         elif long == "--pass-env":
             args.pass_env.append(check_name(value, where="--pass-env"))
-    if not args.help and not args.command:
+        elif long == "--device":
+            args.device = value
+        elif long == "--label":
+            args.label = value
+        elif long == "--count":
+            if not value.isascii() or not value.isdigit() or int(value) < 1:
+                raise BadValue("-n/--count", value, "a whole number of devices, 1 or more")
+            args.count = int(value)
+        elif long == "--wait-timeout":
+            args.wait_timeout = parse_duration(value, what="--wait-timeout",
+                                               plain_unit="seconds", allow_zero=True)  # fmt: skip
+    if args.help:
+        return args
+    if not args.command:
         raise UsageError("no command given (hold run [OPTIONS] -- COMMAND [ARG...])")
+    if args.device is None:
+        for flag, given in (("--label", args.label), ("--count", args.count),
+                            ("--wait-timeout", args.wait_timeout),
+                            ("--no-wait", args.no_wait or None)):  # fmt: skip
+            if given is not None:
+                raise UsageError(f"{flag} needs --device (or npu-hold / gpu-hold)")
+    if args.label is not None:
+        from hold.daemon import check_label
+
+        why = check_label(args.label)
+        if why:
+            raise BadValue("-l/--label", args.label, why)
+    if args.no_wait and args.wait_timeout is not None:
+        raise UsageError("--no-wait and --wait-timeout exclude each other")
     return args
 
 
-def main_run(argv: list[str], prog: str = "hold run") -> int:
+def main_run(argv: list[str], prog: str = "hold run", device: str | None = None) -> int:
     """``hold run``; returns the exit status (see the README's table)."""
     try:
-        args = parse_run_args(argv)
+        args = parse_run_args(argv, device=device)
     except (UsageError, BadValue) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     if args.help:
-        print(help_text())
+        usage = USAGE if prog == "hold run" else f"{prog} [OPTIONS] -- COMMAND [ARG...]"
+        print(help_text(usage))
         return 0
     try:
         from hold.config import load
 
         cfg = load()
+        spec: tuple[str, tuple[int, ...] | None] | None = None
+        if args.device is not None:
+            from hold.devices import classes_from_config, parse_device_spec
+
+            classes = classes_from_config(cfg.devices, cfg.path)
+            spec = parse_device_spec(args.device, classes)
+            if spec[1] is not None and args.count is not None and args.count != len(spec[1]):
+                raise BadValue("-n/--count", str(args.count),
+                               f"the number of indices in --device {args.device}")  # fmt: skip
+        from hold.statedir import open_state_dir
+
+        sd = open_state_dir()
     except BadValue as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    return execute(args, cfg.cgroups, prog)
+    return Run(args, prog, cfg.cgroups, sd, spec).execute()
 
 
-def execute(args: RunArgs, cgroups: str, prog: str) -> int:
-    from supervisor.cgroup import CgroupUnavailable, Hierarchy
-    from supervisor.environ import minimal_env
-    from supervisor.foreground import Foreground, is_foreground_tty
-    from supervisor.spawn import SpawnError
+class Run:
+    """One ``hold run``: the daemon conversation around a :class:`Foreground`."""
 
-    hierarchy = None
-    if cgroups != "off":
+    def __init__(self, args: RunArgs, prog: str, cgroups: str, sd: StateDir,
+                 spec: tuple[str, tuple[int, ...] | None] | None) -> None:  # fmt: skip
+        self.args = args
+        self.prog = prog
+        self.cgroups = cgroups
+        self.sd = sd
+        self.spec = spec
+        self.client: Client | None = None
+        self.lease: str | None = None
+        self.expires = 0.0
+
+    def say(self, text: str) -> None:
+        print(f"{self.prog}: {text}", file=sys.stderr, flush=True)
+
+    def execute(self) -> int:
+        from hold.client import Client, DaemonUnreachable
+        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        from supervisor.environ import minimal_env
+        from supervisor.foreground import Foreground, is_foreground_tty
+        from supervisor.spawn import SpawnError, resolve
+        from supervisor.tree import Tree
+
+        args = self.args
+        hierarchy = None
+        if self.cgroups != "off":
+            try:
+                hierarchy = Hierarchy.find()
+            except CgroupUnavailable as e:
+                if self.cgroups == "required":
+                    self.say(f"cgroups: required, but {e}")
+                    return 2
+        tree_id = os.urandom(6).hex()
+        env = minimal_env(os.environ, tree_id=tree_id, pass_names=args.pass_env, extra=args.env)
+        try:  # refuse a missing command before taking anyone's device
+            resolve(args.command[0], env.get("PATH"))
+        except SpawnError as e:
+            self.say(str(e))
+            return e.exit_code
+
+        # The daemon first: if we have to start it, it must not be our child
+        # while we are a subreaper (prepare() below may make us one).
+        client: Client | None = None
         try:
-            hierarchy = Hierarchy.find()
-        except CgroupUnavailable as e:
-            if cgroups == "required":
-                print(f"{prog}: cgroups: required, but {e}", file=sys.stderr)
-                return 2
-    tree_id = os.urandom(6).hex()
-    env = minimal_env(os.environ, tree_id=tree_id, pass_names=args.pass_env, extra=args.env)
-    fg = Foreground(
-        args.command,
-        env=env,
-        tree_id=tree_id,
-        cpus=args.cpus,
-        timeout=args.time,
-        grace=args.grace,
-        stop_signal=args.signal,
-        hierarchy=hierarchy,
-        interactive=is_foreground_tty(0),
-    )
-    try:
-        result = fg.run()
-    except SpawnError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return e.exit_code
-    report = result.report
-    if args.verbose or report.survivors:
-        print(f"{prog}: {report.summary()}", file=sys.stderr)
-    if result.cause.kind == "expired":
-        print(f"{prog}: {result.cause.detail}; stopped", file=sys.stderr)
-    return result.exit_code
+            client = Client.connect(self.sd)
+            client.open_session()
+        except (DaemonUnreachable, OSError, TimeoutError) as e:
+            if self.spec is not None:
+                self.say(f"cannot reach the ticket daemon: {e}")
+                return EXIT_TOOL
+            self.say(f"warning: no guardian for this command ({e}); it is stopped only "
+                     "while this process lives")  # fmt: skip
+            client = None
+        self.client = client
+
+        fg = Foreground(
+            args.command, env=env, tree_id=tree_id, cpus=args.cpus, timeout=args.time,
+            grace=args.grace, stop_signal=args.signal, hierarchy=hierarchy,
+            interactive=is_foreground_tty(0),
+        )  # fmt: skip
+        leaf = fg.prepare()
+        tree = {"tree_id": tree_id, "leaf": leaf.path if leaf else None}
+        try:
+            if client is not None and self.spec is not None:
+                code = self._acquire(client, tree, env)
+                if code is not None:
+                    fg.discard()
+                    return code
+                fg.env = env
+                fg.timeout = self.expires - time.time()
+            elif client is not None:
+                ans = client.request({"op": "tree", **tree})
+                if ans.get("ev") != "ok":
+                    self.say(f"warning: the daemon refused to guard this command: {ans}")
+        except (OSError, TimeoutError) as e:
+            fg.discard()
+            self.say(f"lost the ticket daemon: {e}")
+            return EXIT_TOOL
+
+        def on_started(t: Tree) -> None:
+            if client is not None and t.root is not None:
+                try:
+                    client.send({"op": "root", "tree_id": tree_id, "pid": t.root.pid})
+                except OSError:
+                    pass
+
+        extra = {client.fileno(): self._on_daemon} if client is not None else None
+        try:
+            result = fg.run(extra=extra, on_started=on_started)
+        except SpawnError as e:
+            self.say(str(e))
+            return e.exit_code
+        finally:
+            if self.client is not None:
+                self.client.close()
+        report = result.report
+        if args.verbose or report.survivors:
+            self.say(report.summary())
+        kind = result.cause.kind
+        if kind == "expired":
+            what = "lease" if self.spec is not None else "time limit"
+            self.say(f"{what} expired ({result.cause.detail}); stopped")
+        elif kind in ("released", "lost"):
+            self.say(result.cause.detail)
+        if kind == "lost" and not report.survivors:
+            return EXIT_TOOL
+        return result.exit_code
+
+    # ------------------------------------------------------------------ lease
+
+    def _acquire(
+        self, client: Client, tree: Mapping[str, object], env: dict[str, str]
+    ) -> int | None:
+        """Wait in line for the lease; None once granted (env filled in), else an exit status."""
+        assert self.spec is not None
+        args = self.args
+        cls, indices = self.spec
+        label = args.label or os.path.basename(args.command[0])
+        client.send({
+            "op": "acquire", "cls": cls, "indices": indices, "count": args.count or 1,
+            "label": label, "ttl": args.time or DEFAULT_TTL, "grace": args.grace,
+            "wait": not args.no_wait, "tree": tree,
+        })  # fmt: skip
+        start = time.monotonic()
+        deadline = None if args.wait_timeout is None else start + args.wait_timeout
+        shown: object = None
+        latest: dict[str, object] | None = None
+        while True:
+            # Wake at the 1 s mark to say who holds the device; otherwise only
+            # when the daemon tells us something changed.
+            wake = deadline
+            if shown is None and latest is not None:
+                mark = start + 1.0
+                wake = mark if wake is None else min(wake, mark)
+            try:
+                msg = client.recv(wake)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.say(f"{cls} not granted within {args.wait_timeout:g}s; giving up")
+                    return EXIT_BUSY
+                msg = None
+                if latest is not None:
+                    shown = latest
+                    self.say(describe_wait(cls, latest))
+                continue
+            if msg is None:
+                self.say("the ticket daemon closed the connection")
+                return EXIT_TOOL
+            ev = msg.get("ev")
+            if ev == "granted":
+                self.lease = str(msg["lease"])
+                self.expires = float(msg["expires"])
+                devices = [int(i) for i in msg["devices"]]
+                env["HOLD_LEASE"] = self.lease
+                env["HOLD_DEVICES"] = ",".join(f"{cls}:{i}" for i in devices)
+                from hold.config import load
+                from hold.devices import classes_from_config
+
+                cfg = load()
+                for name in classes_from_config(cfg.devices, cfg.path)[cls].visible_env:
+                    env[name] = ",".join(str(i) for i in devices)
+                if shown is not None:
+                    self.say(f"granted {env['HOLD_DEVICES']} (lease {self.lease})")
+                return None
+            if ev == "queued":
+                latest = msg
+                if time.monotonic() - start >= 1.0 and msg != shown:
+                    shown = msg
+                    self.say(describe_wait(cls, msg))
+            elif ev == "busy":
+                self.say(describe_wait(cls, msg, busy=True))
+                return EXIT_BUSY
+            elif ev == "error":
+                self.say(str(msg.get("error")))
+                return int(msg.get("code", EXIT_TOOL))
+
+    def _on_daemon(self, fd: int) -> Cause | None:
+        """A message from the daemon while the command runs: expiry, release, or its loss."""
+        from hold.client import DaemonUnreachable
+        from supervisor.foreground import Cause
+
+        client = self.client
+        assert client is not None
+        msgs = client.read_available()
+        if msgs is None:
+            # The daemon went away (crashed, restarted): start one and re-attach.
+            try:
+                ans = client.reattach()
+            except (DaemonUnreachable, OSError, TimeoutError) as e:
+                return Cause("lost", detail=f"lost the ticket daemon and could not re-attach: {e}")
+            if ans.get("ev") != "attached":
+                return Cause("lost", detail=f"the daemon no longer knows this lease: "
+                             f"{ans.get('error')}")  # fmt: skip
+            self.say("re-attached to a restarted ticket daemon")
+            msgs = [ans]
+        for msg in msgs:
+            if msg.get("ev") == "expired":
+                return Cause("expired", detail="the lease's time limit was reached")
+            if msg.get("ev") == "released":
+                return Cause("released", detail=f"lease released by {msg.get('by')}")
+        return None
+
+
+def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
+    holders = note.get("holders") or []
+    assert isinstance(holders, list)
+    now = time.time()
+    parts = []
+    for h in holders:
+        since = now - float(h["since"])
+        until = time.strftime("%H:%M:%S", time.localtime(float(h["expires"])))
+        devs = ",".join(str(d) for d in h["devices"])
+        parts.append(f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
+                     f"user {h['user']}) for {_age(since)}, until {until}")  # fmt: skip
+    who = "; ".join(parts) or f"{cls} is being freed"
+    if busy:
+        return f"{cls} is taken: {who}"
+    pos = note.get("position")
+    return f"waiting for {cls}, number {pos} in line: {who}"
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -106,6 +106,11 @@ class Foreground:
             become_subreaper()
         return self.leaf
 
+    def discard(self) -> None:
+        """Undo :meth:`prepare` when the command will not be run after all."""
+        self._remove_leaf()
+        self.leaf = None
+
     def run(
         self,
         extra: Mapping[int, Extra] | None = None,

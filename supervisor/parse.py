@@ -22,7 +22,9 @@ class BadValue(ValueError):
         super().__init__(f"{loc}{what} {value!r} is not valid: {accepted}")
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?")
+# re.ASCII: a str pattern's \d also matches other scripts' digits ("\u0665"), and
+# int()/float() would accept them; a strict parser takes 0-9 only.
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", re.ASCII)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -76,7 +78,7 @@ def format_cpus(cpus: frozenset[int] | set[int]) -> str:
     return ",".join(out)
 
 
-_CPU_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+_CPU_ITEM = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)  # ASCII digits only, as above
 
 
 def parse_cpus(

@@ -37,6 +37,8 @@ from supervisor.identity import Handle, ProcessId, read_stat
 from supervisor.parse import format_cpus
 
 _CGROUP_STUB = 'echo $$ > "$0" || exit 125; exec "$@"'
+# The shell sets and exports PWD itself; the child gets it only if the caller gave it.
+_CGROUP_STUB_NO_PWD = 'echo $$ > "$0" || exit 125; unset PWD; exec "$@"'
 
 # Every signal a child should start with at its default disposition.
 _ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
@@ -227,7 +229,8 @@ def spawn(
     actions.extend(_close_actions(keep))
 
     if cgroup is not None:
-        path, args = "/bin/sh", ["sh", "-c", _CGROUP_STUB, cgroup.procs_file, *argv]
+        stub = _CGROUP_STUB if "PWD" in env else _CGROUP_STUB_NO_PWD
+        path, args = "/bin/sh", ["sh", "-c", stub, cgroup.procs_file, *argv]
     else:
         path, args = program, list(argv)
 
@@ -238,6 +241,15 @@ def spawn(
                 os.sched_setaffinity(0, cpus)  # 0: this thread only
             except OSError as e:
                 raise SpawnError(f"CPU mask {format_cpus(cpus)}: {e.strerror}", 2) from None
+            # The kernel quietly drops CPUs that are offline or outside our
+            # cpuset and pins to the rest; a mask naming one is refused instead.
+            got = frozenset(os.sched_getaffinity(0))
+            if got != cpus:
+                raise SpawnError(
+                    f"CPU mask {format_cpus(cpus)}: CPU {format_cpus(cpus - got)} "
+                    "may not be used here",
+                    2,
+                )
         try:
             pid = os.posix_spawn(
                 path,

@@ -192,8 +192,11 @@ def stop_tree(
     nodes: dict[tuple[int, int], procscan.Node] = {n.key: n for n in watch}
     sockets: set[int] = set()
     for pid in members:
-        # The root's 0-2 are what we gave it (a terminal, our pipes, a log).
-        h = procscan.holdings(pid, skip_fds=(0, 1, 2) if pid == tree.root.pid else ())
+        # 0-2 are what we gave the root (a terminal, our pipes, a log), and
+        # what its descendants inherited from it: a log file that unrelated
+        # processes also write to (two commands appending to one build log)
+        # is not the tree's, and must not make them "holders" to be killed.
+        h = procscan.holdings(pid, skip_fds=(0, 1, 2))
         nodes.update(h.nodes)
         sockets |= h.sockets
     ports: set[tuple[str, int]] = set()
@@ -216,7 +219,9 @@ def stop_tree(
     # 3. Kill what is left.
     if members:
         report.outcome = "killed"
-        if tree.leaf is not None:
+        if tree.leaf is not None and tree.uid is None:
+            # (With a uid limit, cgroup.kill could reach a process the user
+            # could not have signalled: such trees are frozen and walked.)
             tree.leaf.kill()
             # Members outside the leaf (found by marker or session: started
             # before the leaf existed, or moved out by someone) die one by one.
@@ -238,7 +243,7 @@ def stop_tree(
     if survivors:
         for ident in survivors:
             _signal(ident, signal.SIGKILL)
-        if tree.leaf is not None:
+        if tree.leaf is not None and tree.uid is None:
             tree.leaf.kill()
         _wait_gone(survivors, _KILL_WAIT)
         survivors = _survivors(tree, nodes, ports)
@@ -265,7 +270,7 @@ def _survivors(
     younger = [
         st.pid
         for st in procs.values()
-        if st.starttime >= tree.root.starttime and not st.is_dead and st.pid not in protected
+        if st.starttime >= tree.since and not st.is_dead and st.pid not in protected
     ]
     for pid, node in procscan.holders_of(set(nodes), younger).items():
         ident = ProcessId(pid, procs[pid].starttime)

@@ -44,7 +44,13 @@ class Member(NamedTuple):
 class Tree:
     """The processes of one spawned thing. ``root`` is the process that was spawned.
 
-    ``sid`` is None when the root kept the caller's session (interactive).
+    ``root`` may still be unknown (None) for a tree registered before its
+    spawn; then ``since`` (a start time in clock ticks) bounds the search:
+    nothing that started earlier can belong to the tree. ``pgid``/``sid`` are
+    None where unknown, or (``sid``) when the root kept the caller's session
+    (interactive). ``uid``: only processes that this user could signal count
+    as members (a daemon running as root stops a user's tree no further than
+    that user could have).
     ``adopts_orphans``: this process is a subreaper and this is the only tree
     whose orphans it adopts, so its unowned children belong to the tree;
     ``owned`` are children of ours that others reap (never "adopted").
@@ -52,20 +58,29 @@ class Tree:
     after the process between them has exited.
     """
 
-    __slots__ = ("adopts_orphans", "leaf", "owned", "pgid", "root", "seen", "sid", "tree_id")
+    __slots__ = ("adopts_orphans", "leaf", "owned", "pgid", "root", "seen", "sid", "since",
+                 "tree_id", "uid")  # fmt: skip
 
     def __init__(
         self,
         tree_id: str,
-        root: ProcessId,
-        pgid: int,
+        root: ProcessId | None,
+        pgid: int | None,
         sid: int | None,
         leaf: Leaf | None = None,
         adopts_orphans: bool = False,
         owned: frozenset[int] = frozenset(),
+        since: int | None = None,
+        uid: int | None = None,
     ) -> None:
+        if root is not None:
+            since = root.starttime
+        elif since is None:
+            raise ValueError("a tree without a root needs 'since'")
         self.tree_id = tree_id
         self.root = root
+        self.since: int = since
+        self.uid = uid
         self.pgid = pgid
         self.sid = sid
         self.leaf = leaf
@@ -102,10 +117,10 @@ class Tree:
             for i in self.seen
             if procs.get(i.pid, None) is not None and procs[i.pid].starttime == i.starttime
         }
-        if self.root.matches():
+        if self.root is not None and self.root.matches():
             known.add(self.root.pid)
         for st in procs.values():
-            if st.pgrp == self.pgid and self._plausible(st):
+            if self.pgid is not None and st.pgrp == self.pgid and self._plausible(st):
                 add(st.pid, "group")
             if self.sid is not None and st.session == self.sid and self._plausible(st):
                 add(st.pid, "session")
@@ -113,7 +128,7 @@ class Tree:
                 add(st.pid, "adopted")
         marker = self.marker
         for st in procs.values():
-            if st.starttime >= self.root.starttime and not st.is_dead:
+            if st.starttime >= self.since and not st.is_dead:
                 has = procscan.environ_has(st.pid, marker)
                 if has:
                     add(st.pid, "marker")
@@ -123,6 +138,8 @@ class Tree:
 
         out: dict[int, Member] = {}
         for pid, why in reasons.items():
+            if self.uid is not None and not signalable_by(pid, self.uid):
+                continue
             st = procs[pid]
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)
@@ -133,7 +150,7 @@ class Tree:
         # A group or session id is the pid of the process that created it. Once
         # that process and every member are gone the number may be reused by an
         # unrelated group; a member that started before the root cannot be ours.
-        return st.starttime >= self.root.starttime
+        return st.starttime >= self.since
 
     def forget_dead(self) -> None:
         self.seen = {i for i in self.seen if i.matches()}
@@ -141,3 +158,19 @@ class Tree:
 
 def describe(members: Iterable[Member]) -> str:
     return ", ".join(f"{m.pid} ({m.comm}, {'+'.join(m.found_by)})" for m in members)
+
+
+def signalable_by(pid: int, uid: int) -> bool:
+    """Could a process running as ``uid`` signal ``pid``? (kill(2): the sender's
+    uid must match the target's real or saved uid.)"""
+    if uid == 0:
+        return True
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    real, _eff, saved, _fs = (int(x) for x in line.split()[1:5])
+                    return uid in (real, saved)
+    except OSError:
+        return False
+    return False

@@ -1,0 +1,184 @@
+"""Talking to the daemon: connect (starting it if none answers), ask, re-attach.
+
+Autostart: a client that finds no daemon takes ``start.lock`` (so only one
+client starts one), starts ``hold daemon --detach`` and waits for the socket
+to answer, with a deadline. The daemon refuses to run twice for one state
+directory, so a race past the lock still leaves exactly one.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import sys
+import time
+
+from hold.protocol import LineBuffer, Message, ProtocolError, encode
+from hold.statedir import StateDir
+
+START_TIMEOUT = 10.0
+
+
+class DaemonUnreachable(Exception):
+    """No daemon answered, and none could be started (exit 125)."""
+
+
+class Client:
+    """One connection to the daemon; its lifetime is the lifeline of any lease it holds."""
+
+    def __init__(self, sd: StateDir, sock: socket.socket) -> None:
+        self.sd = sd
+        self.sock = sock
+        self.buf = LineBuffer()
+        self.pending: list[Message] = []
+        self.session: str | None = None
+
+    @classmethod
+    def connect(cls, sd: StateDir, *, autostart: bool = True,
+                timeout: float = START_TIMEOUT) -> Client:  # fmt: skip
+        sock = _try_connect(sd.socket)
+        if sock is None and autostart:
+            start_daemon(sd, timeout)
+            sock = _try_connect(sd.socket)
+        if sock is None:
+            raise DaemonUnreachable(f"no daemon answers on {sd.socket}")
+        return cls(sd, sock)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, *msgs: Message) -> None:
+        self.sock.sendall(b"".join(encode(m) for m in msgs))
+
+    def recv(self, deadline: float | None = None) -> Message | None:
+        """The next message; None at end of file. TimeoutError past ``deadline`` (monotonic)."""
+        while not self.pending:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the daemon did not answer in time")
+                if not select.select([self.sock], [], [], left)[0]:
+                    continue
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                return None
+            self.pending.extend(self.buf.feed(data))
+        return self.pending.pop(0)
+
+    def read_available(self) -> list[Message] | None:
+        """Messages that have arrived (without blocking); None once the daemon is gone."""
+        try:
+            data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            data = None
+        except OSError:
+            data = b""
+        if data == b"":
+            out, self.pending = self.pending, []
+            return out or None
+        if data:
+            self.pending.extend(self.buf.feed(data))
+        out, self.pending = self.pending, []
+        return out
+
+    def request(self, msg: Message, timeout: float = 10.0) -> Message:
+        """Send one message and return the first answer."""
+        self.send(msg)
+        ans = self.recv(time.monotonic() + timeout)
+        if ans is None:
+            raise DaemonUnreachable("the daemon closed the connection")
+        return ans
+
+    def open_session(self) -> str:
+        ans = self.request({"op": "open"})
+        if ans.get("ev") != "session":
+            raise ProtocolError(f"unexpected answer {ans}")
+        self.session = str(ans["session"])
+        return self.session
+
+    def reattach(self, timeout: float = START_TIMEOUT) -> Message:
+        """After the daemon went away: connect again (starting one) and re-attach."""
+        assert self.session is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fresh = Client.connect(self.sd, timeout=max(0.5, deadline - time.monotonic()))
+            except DaemonUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+                continue
+            # Keep our descriptor number: whoever polls it (the foreground
+            # loop) now watches the new connection without being told.
+            os.dup2(fresh.sock.fileno(), self.sock.fileno())
+            fresh.sock.close()
+            self.buf, self.pending = fresh.buf, []
+            return self.request({"op": "attach", "session": self.session})
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _try_connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    return sock
+
+
+def start_daemon(sd: StateDir, timeout: float) -> None:
+    """Start a daemon for ``sd`` unless one answers; wait until it does (or raise)."""
+    import filelock  # off the hot path: only when no daemon answered
+
+    deadline = time.monotonic() + timeout
+    try:
+        with filelock.FileLock(sd.start_lock, timeout=timeout):
+            probe = _try_connect(sd.socket)
+            if probe is not None:
+                probe.close()
+                return
+            _spawn_daemon(sd)
+            while time.monotonic() < deadline:
+                probe = _try_connect(sd.socket)
+                if probe is not None:
+                    probe.close()
+                    return
+                time.sleep(0.01)
+    except filelock.Timeout:
+        pass
+    raise DaemonUnreachable(f"started a daemon for {sd.path}, but it did not answer within "
+                            f"{timeout:g}s (see {sd.log})")  # fmt: skip
+
+
+def _spawn_daemon(sd: StateDir) -> None:
+    # Not through supervisor.spawn: the daemon must carry no HOLD_TREE marker
+    # (it would be stopped with the tree of whoever started it), and it keeps
+    # the variables that locate its state and configuration.
+    env = {k: v for k, v in os.environ.items() if k != "HOLD_TREE"}
+    env["HOLD_STATE_DIR"] = sd.path
+    log = os.open(sd.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        pid = os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-m", "hold", "daemon", "--detach"],
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, devnull, 0),
+                (os.POSIX_SPAWN_DUP2, devnull, 1),
+                (os.POSIX_SPAWN_DUP2, log, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(log)
+        os.close(devnull)
+    # --detach forks the real daemon and exits at once; reap that first process.
+    os.waitpid(pid, 0)

@@ -1,0 +1,784 @@
+"""The ticket daemon: exclusive device leases, and the guardian of registered trees.
+
+One thread runs the event loop (a ``selectors`` loop over the listening
+socket, the clients, the pidfds of detached owners and a wakeup pipe), with
+the next lease expiry as its only timeout: an idle daemon never wakes up.
+Stopping a tree can take a grace period, so each stop runs in a worker
+thread and reports back through the wakeup pipe; the devices of a lease stay
+held until its trees are stopped and its tokens removed.
+
+The lifeline: a lease lives as long as its client's connection. When the
+connection drops, the lease's trees are stopped (with the survivor check),
+its tokens removed, and only then is the device granted to the next in line.
+
+Who is asking comes from the socket (``SO_PEERCRED``, and ``SO_PEERPIDFD``
+where the kernel has it), never from a message. The daemon stops only trees a
+client could have stopped itself: registered by a client of the same uid (or
+root), rooted in a descendant of the client, and limited to processes that
+uid may signal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import queue
+import re
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from hold import ledger
+from hold.devices import DeviceClass
+from hold.ledger import Lease, SessionRec, TreeRec
+from hold.protocol import LineBuffer, Message, ProtocolError, encode
+from hold.schedule import plan
+from hold.statedir import StateDir
+from hold.tokens import UnsafePath, remove_owned, render, write_atomic
+from supervisor import procscan
+from supervisor.cgroup import Leaf, v2_mount
+from supervisor.identity import ProcessId, read_stat
+from supervisor.stop import StopReport, stop_tree
+from supervisor.tree import Tree, signalable_by
+
+SO_PEERPIDFD = 77  # Linux 6.5; not yet in Python's socket module
+_TREE_ID = re.compile(r"[0-9a-f]{8,32}")
+MAX_LABEL = 200
+
+
+def check_label(label: str) -> str | None:
+    """Why ``label`` is refused, or None. A newline would forge a token line."""
+    if not label:
+        return "a label must not be empty"
+    if len(label) > MAX_LABEL:
+        return f"a label is at most {MAX_LABEL} characters (got {len(label)})"
+    for ch in label:
+        if ord(ch) < 32 or ord(ch) == 127 or ch in "\x85\u2028\u2029":
+            return f"a label must not contain control characters (found {ch!r})"
+    return None
+
+
+class Log:
+    """JSON lines in the state directory, one per event, with the lease id where there is one."""
+
+    def __init__(self, path: str) -> None:
+        import structlog
+
+        self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._log = structlog.wrap_logger(
+            structlog.PrintLogger(self._file),
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.JSONRenderer(sort_keys=True),
+            ],
+        )
+
+    def info(self, event: str, **kw: Any) -> None:
+        self._log.info(event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._log.error(event, **kw)
+
+
+class Request:
+    """A client waiting in line for devices of one class."""
+
+    __slots__ = ("conn", "count", "grace", "indices", "label", "seq", "tree", "ttl")
+
+    def __init__(self, conn: Conn, seq: int, count: int, indices: tuple[int, ...] | None,
+                 label: str, ttl: float, grace: float, tree: TreeRec | None) -> None:  # fmt: skip
+        self.conn = conn
+        self.seq = seq
+        self.count = count
+        self.indices = indices
+        self.label = label
+        self.ttl = ttl
+        self.grace = grace
+        self.tree = tree
+
+
+class Conn:
+    """One connected client, identified by the kernel."""
+
+    __slots__ = ("buf", "last_note", "peer", "pidfd", "request", "session", "sock", "uid")
+
+    def __init__(self, sock: socket.socket, peer: ProcessId, uid: int, pidfd: int | None) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.uid = uid
+        self.pidfd = pidfd
+        self.buf = LineBuffer()
+        self.session: SessionRec | None = None
+        self.request: Request | None = None
+        self.last_note: Any = None
+
+    def send(self, msg: Message) -> None:
+        try:
+            self.sock.sendall(encode(msg))
+        except OSError:
+            pass  # the client is gone; its close event follows
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+class Daemon:
+    def __init__(self, sd: StateDir, classes: dict[str, DeviceClass], *, shared: bool = False,
+                 home_tokens: bool = False) -> None:  # fmt: skip
+        self.sd = sd
+        self.classes = classes
+        self.sizes = {name: c.size() for name, c in classes.items()}
+        self.shared = shared
+        self.home_tokens = home_tokens
+        self.sel = selectors.DefaultSelector()
+        self.sessions: dict[str, SessionRec] = {}
+        self.attached: dict[str, Conn] = {}  # session id -> its connection
+        self.queues: dict[str, list[Request]] = {name: [] for name in classes}
+        self.held: dict[tuple[str, int], str] = {}  # (class, index) -> session id
+        self.ending: set[str] = set()  # sessions whose trees are being stopped
+        self.release_waiters: dict[str, list[Conn]] = {}
+        self.kill_at: dict[str, float] = {}  # session id -> monotonic deadline
+        self.watch: dict[int, str] = {}  # pidfd of a detached owner -> session id
+        self.done: queue.SimpleQueue[tuple[str, list[StopReport]]] = queue.SimpleQueue()
+        self.seq = 0
+        self.stopping = False
+        self.log: Log | None = None
+        self.cg_mount = v2_mount()
+
+    # ------------------------------------------------------------------ life
+
+    def serve(self) -> int:
+        """Run until SIGTERM/SIGINT. Returns the exit status (2: another daemon runs)."""
+        lock_fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o600)  # fmt: skip
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(lock_fd, 32, 0).decode(errors="replace").strip()
+            print(f"hold daemon: another daemon (pid {other or '?'}) already serves "
+                  f"{self.sd.path}", file=sys.stderr)  # fmt: skip
+            return 2
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+        self.log = Log(self.sd.log)
+
+        listener = self._listen()
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_w = wake_w
+        self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+        self.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        self._recover()
+        self.log.info("daemon_started", pid=os.getpid(), state_dir=self.sd.path,
+                      classes={k: self.sizes[k] for k in self.classes})  # fmt: skip
+        _sd_notify("READY=1")
+        try:
+            while not self.stopping:
+                for key, _ in self.sel.select(self._next_timeout()):
+                    kind, obj = key.data
+                    if kind == "listen":
+                        self._accept(listener)
+                    elif kind == "conn":
+                        self._on_readable(obj)
+                    elif kind == "wake":
+                        _drain(wake_r)
+                    elif kind == "owner":
+                        self._on_owner_exit(key.fd)
+                self._finish_stops()
+                self._run_timers()
+        finally:
+            # Leases and trees stay on disk: a restarted daemon re-attaches them.
+            self.log.info("daemon_stopping", sessions=len(self.sessions))
+            listener.close()
+            try:
+                os.unlink(self.sd.socket)
+            except OSError:
+                pass
+        return 0
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+        os.write(self._wake_w, b"s")
+
+    def _listen(self) -> socket.socket:
+        path = self.sd.socket
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            pass
+        else:
+            # We hold the daemon lock, so a socket here is a dead daemon's.
+            if not stat.S_ISSOCK(st.st_mode):
+                raise UnsafePath(f"{path} exists and is not a socket; refusing to replace it")
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o111 if self.shared else 0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(128)
+        sock.setblocking(False)
+        return sock
+
+    # ---------------------------------------------------------- connections
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            sock, _ = listener.accept()
+        except BlockingIOError:
+            return
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))  # fmt: skip
+        pidfd: int | None
+        try:
+            pidfd = struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
+        except OSError:
+            pidfd = None
+        try:
+            start = read_stat(pid).starttime
+        except Exception:
+            sock.close()
+            if pidfd is not None:
+                os.close(pidfd)
+            return
+        # With a pidfd, the peer is still the process that connected if the
+        # pidfd has not signalled its exit (a live process keeps its pid).
+        if pidfd is not None and _pidfd_exited(pidfd):
+            sock.close()
+            os.close(pidfd)
+            return
+        sock.setblocking(True)
+        sock.settimeout(2.0)  # a client that stops reading cannot block the daemon for long
+        conn = Conn(sock, ProcessId(pid, start), uid, pidfd)
+        self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+
+    def _on_readable(self, conn: Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._on_close(conn)
+            return
+        try:
+            msgs = conn.buf.feed(data)
+        except ProtocolError as e:
+            conn.send({"ev": "error", "code": 2, "error": str(e)})
+            self._on_close(conn)
+            return
+        for msg in msgs:
+            try:
+                self._dispatch(conn, msg)
+            except (KeyError, TypeError, ValueError) as e:
+                conn.send({"ev": "error", "code": 2, "error": f"bad request: {e}"})
+
+    def _on_close(self, conn: Conn) -> None:
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        if conn.pidfd is not None:
+            os.close(conn.pidfd)
+        if conn.request is not None:
+            self._drop_request(conn.request)
+        s = conn.session
+        if s is not None and self.attached.get(s.session_id) is conn:
+            del self.attached[s.session_id]
+            if s.persistent:
+                self._end_session(s, "lifeline")
+            else:
+                self.sessions.pop(s.session_id, None)
+
+    # ------------------------------------------------------------- requests
+
+    def _dispatch(self, conn: Conn, msg: Message) -> None:
+        op = msg.get("op")
+        if op == "open":
+            self._open(conn)
+        elif op == "attach":
+            self._attach(conn, str(msg["session"]))
+        elif op == "acquire":
+            self._acquire(conn, msg)
+        elif op == "tree":
+            self._register_tree(conn, msg)
+        elif op == "root":
+            self._register_root(conn, msg)
+        elif op == "status":
+            conn.send({"ev": "status", **self.status()})
+        elif op == "release":
+            self._release(conn, str(msg["lease"]))
+        else:
+            conn.send({"ev": "error", "code": 2, "error": f"unknown op {op!r}"})
+
+    def _open(self, conn: Conn) -> None:
+        if conn.session is not None:
+            conn.send({"ev": "error", "code": 2, "error": "session already open"})
+            return
+        sid = os.urandom(8).hex()
+        s = SessionRec(sid, conn.peer.pid, conn.peer.starttime, conn.uid, _user(conn.uid))
+        self.sessions[sid] = s
+        self.attached[sid] = conn
+        conn.session = s
+        conn.send({"ev": "session", "session": sid})
+
+    def _attach(self, conn: Conn, sid: str) -> None:
+        s = self.sessions.get(sid)
+        if (
+            s is None
+            or sid in self.ending
+            or (s.owner_pid, s.owner_start) != (conn.peer.pid, conn.peer.starttime)
+            or sid in self.attached
+        ):
+            conn.send({"ev": "error", "code": 125, "error": f"no session {sid} to re-attach"})
+            return
+        for fd, wsid in list(self.watch.items()):
+            if wsid == sid:
+                self.sel.unregister(fd)
+                os.close(fd)
+                del self.watch[fd]
+        self.attached[sid] = conn
+        conn.session = s
+        lease = s.lease
+        conn.send({"ev": "attached", "lease": lease.to_json() if lease else None})
+        if lease is not None and lease.state == "expired":
+            conn.send({"ev": "expired", "grace": lease.grace})
+        self._log("session_attached", s)
+
+    def _acquire(self, conn: Conn, msg: Message) -> None:
+        s = conn.session
+        if s is None or s.lease is not None or conn.request is not None:
+            conn.send({"ev": "error", "code": 2, "error": "acquire needs an open session "
+                       "without a lease"})  # fmt: skip
+            return
+        cls = str(msg["cls"])
+        if cls not in self.classes:
+            conn.send({"ev": "error", "code": 2, "error": f"unknown device class {cls!r} "
+                       f"(known: {', '.join(sorted(self.classes))})"})  # fmt: skip
+            return
+        size = self.sizes[cls]
+        indices = tuple(int(i) for i in msg["indices"]) if msg.get("indices") else None
+        count = len(indices) if indices else int(msg.get("count", 1))
+        if count < 1 or count > size or (indices and any(i < 0 or i >= size for i in indices)):
+            conn.send({"ev": "error", "code": 2, "error": f"{cls} has {size} device(s) here; "
+                       f"cannot grant {indices or count}"})  # fmt: skip
+            return
+        label = str(msg["label"])
+        why = check_label(label)
+        ttl = float(msg["ttl"])
+        grace = float(msg.get("grace", 10.0))
+        if why is None and not (0 < ttl <= 366 * 86400 and 0 <= grace <= 3600):
+            why = f"time limit {ttl} s or grace {grace} s out of range"
+        tree = self._tree_from(conn, msg.get("tree")) if msg.get("tree") else None
+        if why is not None or (msg.get("tree") and tree is None):
+            conn.send({"ev": "error", "code": 2, "error": why or "bad tree registration"})
+            return
+        self.seq += 1
+        req = Request(conn, self.seq, count, indices, label, ttl, grace, tree)
+        conn.request = req
+        self.queues[cls].append(req)
+        self._schedule(cls)
+        if conn.request is req and not msg.get("wait", True):
+            self._drop_request(req)
+            conn.send({"ev": "busy", **self._holders_note(cls, req)})
+
+    def _tree_from(self, conn: Conn, d: Any) -> TreeRec | None:
+        """A tree registration, checked: a well-formed id, and a leaf the client owns."""
+        if not isinstance(d, dict) or not _TREE_ID.fullmatch(str(d.get("tree_id", ""))):
+            return None
+        tree_id = str(d["tree_id"])
+        leaf = d.get("leaf")
+        if leaf is not None:
+            leaf = str(leaf)
+            if (
+                self.cg_mount is None
+                or not os.path.realpath(leaf).startswith(self.cg_mount + "/")
+                or os.path.basename(leaf) != f"hold-{tree_id}"
+                or os.path.islink(leaf)
+            ):
+                return None
+            try:
+                st = os.stat(leaf)
+            except OSError:
+                return None
+            if conn.uid != 0 and st.st_uid != conn.uid:
+                return None
+        return TreeRec(tree_id, leaf, conn.peer.starttime)
+
+    def _register_tree(self, conn: Conn, msg: Message) -> None:
+        s = conn.session
+        tree = self._tree_from(conn, msg) if s is not None else None
+        if s is None or tree is None:
+            conn.send({"ev": "error", "code": 2, "error": "bad tree registration"})
+            return
+        s.trees[tree.tree_id] = tree
+        self._save()
+        self._log("tree_registered", s, tree=tree.tree_id, leaf=tree.leaf)
+        conn.send({"ev": "ok", "tree": tree.tree_id})
+
+    def _register_root(self, conn: Conn, msg: Message) -> None:
+        """The spawned root of a registered tree: believed only if it descends from the client."""
+        s = conn.session
+        tree = s.trees.get(str(msg["tree_id"])) if s is not None else None
+        pid = int(msg["pid"])
+        if s is None or tree is None:
+            return
+        try:
+            st = read_stat(pid)
+        except Exception:
+            return  # already gone: marker and leaf still find what it left
+        chain = {a.pid for a in procscan.ancestors(pid)}
+        if conn.peer.pid not in chain or not signalable_by(pid, conn.uid):
+            self._log("tree_root_refused", s, tree=tree.tree_id, pid=pid)
+            return
+        tree.root_pid, tree.root_start, tree.pgid = pid, st.starttime, st.pgrp
+        tree.sid = st.session if st.session == pid else None
+        self._save()
+        if s.lease is not None:
+            self._write_tokens(s)
+
+    def _release(self, conn: Conn, lease_id: str) -> None:
+        target = next((s for s in self.sessions.values()
+                       if s.lease and s.lease.lease_id == lease_id), None)  # fmt: skip
+        if target is None:
+            conn.send({"ev": "error", "code": 2, "error": f"no live lease {lease_id}"})
+            return
+        if conn.uid not in (0, target.uid):
+            conn.send({"ev": "error", "code": 2, "error": f"lease {lease_id} belongs to "
+                       f"{target.user}; only that user or root may release it"})  # fmt: skip
+            return
+        self.release_waiters.setdefault(target.session_id, []).append(conn)
+        holder = self.attached.get(target.session_id)
+        if holder is not None:
+            holder.send({"ev": "released", "by": _user(conn.uid)})
+        self._end_session(target, f"released by {_user(conn.uid)}")
+
+    # ------------------------------------------------------------ scheduling
+
+    def _drop_request(self, req: Request) -> None:
+        req.conn.request = None
+        for cls, q in self.queues.items():
+            if req in q:
+                q.remove(req)
+                # Its reservation is gone: someone behind it may go now.
+                self._schedule(cls)
+                return
+
+    def _schedule(self, cls: str) -> None:
+        q = self.queues[cls]
+        free = [i for i in range(self.sizes[cls]) if (cls, i) not in self.held]
+        for pos, devices in reversed(plan(free, q)):
+            req = q.pop(pos)
+            self._grant(cls, req, devices)
+        self._notify_queue(cls)
+
+    def _grant(self, cls: str, req: Request, devices: list[int]) -> None:
+        conn = req.conn
+        conn.request = None
+        s = conn.session
+        assert s is not None
+        now = time.time()
+        lease = Lease(os.urandom(4).hex(), cls, devices, req.label, now, now + req.ttl, req.grace)
+        s.lease = lease
+        if req.tree is not None:
+            s.trees[req.tree.tree_id] = req.tree
+        for i in devices:
+            self.held[(cls, i)] = s.session_id
+        # On disk before anyone is told: a restarted daemon must know.
+        self._save()
+        try:
+            self._write_tokens(s)
+        except (UnsafePath, OSError) as e:
+            self._log("grant_refused", s, error=str(e))
+            conn.send({"ev": "error", "code": 125, "error": f"cannot record the lease: {e}"})
+            s.lease = None
+            for i in devices:
+                del self.held[(cls, i)]
+            self._save()
+            return
+        self._log("granted", s, label=req.label, devices=devices, expires=lease.expires)
+        conn.send({"ev": "granted", "lease": lease.lease_id, "cls": cls, "devices": devices,
+                   "expires": lease.expires, "granted": now})  # fmt: skip
+
+    def _holders_note(self, cls: str, req: Request) -> dict[str, Any]:
+        q = self.queues[cls]
+        position = q.index(req) + 1 if req in q else 0
+        return {"cls": cls, "position": position, "holders": self._holders(cls)}
+
+    def _holders(self, cls: str) -> list[dict[str, Any]]:
+        out = []
+        seen: set[str] = set()
+        for (c, _i), sid in sorted(self.held.items()):
+            s = self.sessions.get(sid)
+            if c != cls or sid in seen or s is None or s.lease is None:
+                continue
+            seen.add(sid)
+            out.append({"lease": s.lease.lease_id, "label": s.lease.label, "pid": s.owner_pid,
+                        "user": s.user, "since": s.lease.granted, "expires": s.lease.expires,
+                        "devices": s.lease.devices, "state": s.lease.state})  # fmt: skip
+        return out
+
+    def _notify_queue(self, cls: str) -> None:
+        """Tell each waiter where it stands, only when that has changed."""
+        for req in self.queues.get(cls, []):
+            note = self._holders_note(cls, req)
+            if note != req.conn.last_note:
+                req.conn.last_note = note
+                req.conn.send({"ev": "queued", **note})
+
+    # ------------------------------------------------------- ending sessions
+
+    def _end_session(self, s: SessionRec, reason: str) -> None:
+        """Stop the session's trees in a worker; the lease ends when they are stopped."""
+        if s.session_id in self.ending:
+            return
+        self.ending.add(s.session_id)
+        self.kill_at.pop(s.session_id, None)
+        if s.lease is not None:
+            s.lease.state = "ending"
+        self._save()
+        self._log("session_ending", s, reason=reason)
+        grace = s.lease.grace if s.lease else 10.0
+        trees = [self._tree_of(s, t) for t in s.trees.values()]
+        threading.Thread(target=self._stop_worker, args=(s.session_id, trees, grace),
+                         daemon=True).start()  # fmt: skip
+
+    def _tree_of(self, s: SessionRec, t: TreeRec) -> Tree:
+        root = ProcessId(t.root_pid, t.root_start) if t.root_pid and t.root_start else None
+        return Tree(
+            t.tree_id, root, t.pgid, t.sid,
+            leaf=Leaf(t.leaf) if t.leaf else None,
+            since=t.since,
+            # Running as root for another user: no further than that user could go.
+            uid=s.uid if os.geteuid() == 0 and s.uid != 0 else None,
+        )  # fmt: skip
+
+    def _stop_worker(self, sid: str, trees: list[Tree], grace: float) -> None:
+        reports = []
+        for tree in trees:
+            try:
+                report = stop_tree(tree, grace=grace)
+                reports.append(report)
+                if tree.leaf is not None and report.ok:
+                    # The client normally removes its leaf; if it died, we do.
+                    tree.leaf.remove(os.path.dirname(tree.leaf.path))
+            except Exception as e:  # never let a stop kill the daemon silently
+                assert self.log is not None
+                self.log.error("stop_failed", session=sid, tree=tree.tree_id, error=repr(e))
+        self.done.put((sid, reports))
+        os.write(self._wake_w, b"d")
+
+    def _finish_stops(self) -> None:
+        while True:
+            try:
+                sid, reports = self.done.get_nowait()
+            except queue.Empty:
+                return
+            s = self.sessions.pop(sid, None)
+            self.ending.discard(sid)
+            if s is None:
+                continue
+            survivors = [sv._asdict() for r in reports for sv in r.survivors]
+            for r in reports:
+                self._log("tree_stopped", s, tree=r.tree_id, outcome=r.outcome,
+                          stopped=len(r.stopped), killed=len(r.killed),
+                          duration_ms=round(r.duration * 1000, 1), survivors=survivors)  # fmt: skip
+            cls = s.lease.cls if s.lease else None
+            if s.lease is not None:
+                self._remove_tokens(s)
+                for i in s.lease.devices:
+                    self.held.pop((s.lease.cls, i), None)
+            self._save()
+            self._log("session_ended", s)
+            for waiter in self.release_waiters.pop(sid, []):
+                waiter.send({"ev": "released", "survivors": survivors})
+            if cls is not None:
+                self._schedule(cls)
+
+    # ----------------------------------------------------------------- timers
+
+    def _next_timeout(self) -> float | None:
+        now_wall, now_mono = time.time(), time.monotonic()
+        deadlines = [
+            s.lease.expires - now_wall
+            for s in self.sessions.values()
+            if s.lease is not None and s.lease.state == "active"
+        ]
+        deadlines += [t - now_mono for t in self.kill_at.values()]
+        return max(0.0, min(deadlines)) if deadlines else None
+
+    def _run_timers(self) -> None:
+        now_wall, now_mono = time.time(), time.monotonic()
+        for s in list(self.sessions.values()):
+            lease = s.lease
+            if lease is not None and lease.state == "active" and lease.expires <= now_wall:
+                lease.state = "expired"
+                self._save()
+                self._log("expired", s)
+                conn = self.attached.get(s.session_id)
+                if conn is not None:
+                    conn.send({"ev": "expired", "grace": lease.grace})
+                # The client stops its command within the grace; after that
+                # (and a margin for the survivor check), the daemon does.
+                self.kill_at[s.session_id] = now_mono + lease.grace + 2.0
+        for sid, t in list(self.kill_at.items()):
+            if t <= now_mono and sid in self.sessions:
+                self._end_session(self.sessions[sid], "expired, not stopped by the client")
+
+    # --------------------------------------------------------------- recovery
+
+    def _recover(self) -> None:
+        """Re-read the state: live owners may re-attach; dead owners' trees are stopped."""
+        for s in ledger.load(self.sd.state):
+            self.sessions[s.session_id] = s
+            if s.lease is not None:
+                for i in s.lease.devices:
+                    self.held[(s.lease.cls, i)] = s.session_id
+            owner = ProcessId(s.owner_pid, s.owner_start)
+            fd: int | None = None
+            try:
+                fd = os.pidfd_open(s.owner_pid)
+            except OSError:
+                pass
+            if fd is None or not owner.is_running() or _pidfd_exited(fd):
+                if fd is not None:
+                    os.close(fd)
+                self._log("recovered_dead_owner", s)
+                self._end_session(s, "owner died while the daemon was down")
+                continue
+            self.watch[fd] = s.session_id
+            self.sel.register(fd, selectors.EVENT_READ, ("owner", None))
+            self._log("recovered_live_owner", s)
+
+    def _on_owner_exit(self, fd: int) -> None:
+        sid = self.watch.pop(fd, None)
+        self.sel.unregister(fd)
+        os.close(fd)
+        if sid is not None and sid in self.sessions:
+            self._end_session(self.sessions[sid], "owner exited while detached")
+
+    # ---------------------------------------------------------------- records
+
+    def _save(self) -> None:
+        ledger.save(self.sd.state, list(self.sessions.values()))
+
+    def _record(self, s: SessionRec) -> dict[str, Any]:
+        lease = s.lease
+        assert lease is not None
+        roots = [t.root_pid for t in s.trees.values() if t.root_pid]
+        return {
+            "lease": lease.lease_id, "cls": lease.cls, "devices": lease.devices,
+            "label": lease.label, "holder_pid": s.owner_pid, "holder_start": s.owner_start,
+            "uid": s.uid, "user": s.user, "granted": lease.granted, "expires": lease.expires,
+            "command_pid": roots[0] if roots else None,
+            "leaves": [t.leaf for t in s.trees.values() if t.leaf],
+        }  # fmt: skip
+
+    def _write_tokens(self, s: SessionRec) -> None:
+        assert s.lease is not None
+        data = render(s.lease.cls, self._record(s))
+        for i in s.lease.devices:
+            write_atomic(self.sd.token(s.lease.cls, i), data, 0o644)
+        if self.home_tokens:
+            self._home_token(s, data.split(b"\n", 1)[0] + b"\n")
+
+    def _remove_tokens(self, s: SessionRec) -> None:
+        assert s.lease is not None
+        for i in s.lease.devices:
+            try:
+                remove_owned(self.sd.token(s.lease.cls, i), self.sd.path)
+            except UnsafePath as e:
+                self._log("token_not_removed", s, error=str(e))
+        if self.home_tokens:
+            self._home_token(s, None)
+
+    def _home_token(self, s: SessionRec, line: bytes | None) -> None:
+        """Mirror the token line to ~/NPU-TOKEN (as scripts of old expect), as that user."""
+        assert s.lease is not None
+        if os.geteuid() not in (0, s.uid):
+            return
+        try:
+            home = pwd.getpwuid(s.uid).pw_dir
+        except KeyError:
+            return
+        path = os.path.join(home, f"{s.lease.cls.upper()}-TOKEN")
+        try:
+            if line is None:
+                remove_owned(path, home)
+            else:
+                write_atomic(path, line, 0o644)
+                if os.geteuid() == 0:
+                    os.chown(path, s.uid, -1, follow_symlinks=False)
+        except (UnsafePath, OSError) as e:
+            self._log("home_token_failed", s, error=str(e))
+
+    def _log(self, event: str, s: SessionRec, **kw: Any) -> None:
+        if self.log is not None:
+            lease = s.lease.lease_id if s.lease else None
+            self.log.info(event, session=s.session_id, lease=lease, pid=s.owner_pid,
+                          user=s.user, **kw)  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        classes = {}
+        for cls in self.classes:
+            devices = []
+            for i in range(self.sizes[cls]):
+                sid = self.held.get((cls, i))
+                s = self.sessions.get(sid) if sid else None
+                holder = None
+                if s is not None and s.lease is not None:
+                    holder = {"lease": s.lease.lease_id, "label": s.lease.label,
+                              "pid": s.owner_pid, "user": s.user, "since": s.lease.granted,
+                              "expires": s.lease.expires, "state": s.lease.state}  # fmt: skip
+                devices.append({"index": i, "holder": holder})
+            waiting = [{"label": r.label, "pid": r.conn.peer.pid, "user": _user(r.conn.uid),
+                        "count": r.count, "indices": r.indices}
+                       for r in self.queues[cls]]  # fmt: skip
+            classes[cls] = {"devices": devices, "queue": waiting}
+        return {"classes": classes}
+
+
+def _pidfd_exited(fd: int) -> bool:
+    import select
+
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _sd_notify(state: str) -> None:
+    """systemd's notify protocol (Type=notify), if we were started that way."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        try:
+            s.sendto(state.encode(), addr)
+        except OSError:
+            pass

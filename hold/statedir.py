@@ -1,0 +1,95 @@
+"""The state directory: where the daemon's socket, state, tokens and log live.
+
+``HOLD_STATE_DIR``, else ``/run/hold`` for root, else ``$XDG_RUNTIME_DIR/hold``.
+Created 0700 (0755 when shared with other users by configuration). Refused if
+it is a symlink, or owned by anyone but this user or root: a directory another
+user controls could hand us their socket or swap our token files.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from supervisor.parse import BadValue
+
+
+class StateDir:
+    """Paths inside one state directory, checked once when opened."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.path, "daemon.sock")
+
+    @property
+    def lock(self) -> str:
+        """Held (flock) by the one live daemon for its whole life."""
+        return os.path.join(self.path, "daemon.lock")
+
+    @property
+    def start_lock(self) -> str:
+        """Held by the one client that is starting a daemon."""
+        return os.path.join(self.path, "start.lock")
+
+    @property
+    def state(self) -> str:
+        return os.path.join(self.path, "state.json")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.path, "daemon.log")
+
+    def token(self, cls: str, index: int) -> str:
+        return os.path.join(self.path, f"{cls}-{index}.token")
+
+
+def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> str:
+    explicit = environ.get("HOLD_STATE_DIR")
+    if explicit:
+        return explicit
+    if os.geteuid() == 0:
+        return "/run/hold"
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if not runtime:
+        raise BadValue(
+            "state directory", "(none)",
+            "set HOLD_STATE_DIR or XDG_RUNTIME_DIR (a directory only you can write)",
+        )  # fmt: skip
+    return os.path.join(runtime, "hold")
+
+
+def check(path: str) -> None:
+    """Refuse a state directory that is a symlink or belongs to someone else."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise BadValue("state directory", path, "a real directory, not a symlink")
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadValue("state directory", path, "a directory")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise BadValue("state directory", path, "a directory owned by you or by root")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise BadValue("state directory", path, "a directory others cannot write")
+
+
+def open_state_dir(
+    environ: os._Environ[str] | dict[str, str] = os.environ, *, create: bool = True,
+    shared: bool = False,
+) -> StateDir:  # fmt: skip
+    path = os.path.abspath(default_path(environ))
+    if create:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.mkdir(path, 0o755 if shared else 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise BadValue(
+                "state directory", path, f"a directory we can create ({e.strerror})"
+            ) from None
+    check(path)
+    return StateDir(path)
