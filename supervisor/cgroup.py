@@ -79,12 +79,9 @@ class Leaf:
         """False once no process of the tree is left (zombies do not count)."""
         try:
             with open(f"{self.path}/cgroup.events", "rb") as f:
-                for line in f.read().splitlines():
-                    if line.startswith(b"populated "):
-                        return line.split()[1] != b"0"
+                return _populated(f.read())
         except FileNotFoundError:
             return False
-        return bool(self.pids())
 
     def wait_empty(self, timeout: float) -> bool:
         """Block until the leaf is empty or ``timeout`` passes; True if empty.
@@ -101,14 +98,18 @@ class Leaf:
             poller = select.poll()
             poller.register(fd, select.POLLPRI | select.POLLERR)
             while True:
-                if not self.populated():
+                # Read the *polled* descriptor: kernfs keeps reporting the
+                # event until that same open file has been read again, so a
+                # read through another descriptor would make poll spin.
+                try:
+                    if not _populated(os.pread(fd, 4096, 0)):
+                        return True
+                except OSError:  # the leaf was removed
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                # Re-check at least every 50 ms in case an event was missed
-                # between the read above and the poll.
-                poller.poll(min(left, 0.05) * 1000)
+                poller.poll(left * 1000)
         finally:
             os.close(fd)
 
@@ -133,6 +134,13 @@ class Leaf:
         except OSError as e:
             if e.errno != errno.EBUSY:
                 raise
+
+
+def _populated(events: bytes) -> bool:
+    for line in events.splitlines():
+        if line.startswith(b"populated "):
+            return line.split()[1] != b"0"
+    return True  # no such key: assume the worst
 
 
 class Hierarchy:

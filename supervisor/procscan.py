@@ -143,11 +143,13 @@ def mapped_device_nodes(pid: int) -> Iterator[Node]:
     """
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
-            lines = f.read().splitlines()
+            data = f.read()
     except OSError:
         return
+    if b" /dev/" not in data:  # most processes map no device node: skip the parse
+        return
     seen: set[tuple[int, int]] = set()
-    for line in lines:
+    for line in data.splitlines():
         parts = line.split(None, 5)
         if len(parts) < 6 or parts[4] == b"0":
             continue

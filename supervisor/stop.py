@@ -91,9 +91,12 @@ class StopReport:
         return "\n".join(lines)
 
 
-def _signal(ident: ProcessId, sig: int) -> bool:
+def _signal(ident: ProcessId, *sigs: int) -> bool:
+    """Send ``sigs`` in order through one pidfd; False if the process is gone or not ours."""
     try:
-        ident.send_signal(sig)
+        with ident.open() as h:
+            for sig in sigs:
+                h.send_signal(sig)
         return True
     except (NoSuchProcess, AccessDenied):
         return False
@@ -210,8 +213,7 @@ def stop_tree(
     # cleanly as its siblings (systemd's KillMode=control-group does the same).
     if members:
         for m in members.values():
-            _signal(m.ident, sig)
-            _signal(m.ident, signal.SIGCONT)
+            _signal(m.ident, sig, signal.SIGCONT)
         members = _wait_tree_empty(tree, grace)
         report.grace_used = time.monotonic() - t0
         report.outcome = "exited"

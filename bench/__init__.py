@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench.run`` (see bench/README.md)."""
