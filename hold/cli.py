@@ -141,5 +141,54 @@ def release_cmd(lease_id: str) -> None:
     raise SystemExit(3 if survivors else 0)
 
 
+@cli.command("audit")
+@click.option("--device", "cls", default=None, help="Only this device class.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
+@click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
+@click.option("--yes", is_flag=True, help="With --kill: do not ask.")
+@click.option("--grace", default="10s", show_default=True, help="With --kill: grace period.")
+def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str) -> None:
+    """Every process holding a device node, and the lease that covers it (or STRAY).
+
+    Exit 0 when every holder is covered, 1 when any is stray, 3 when --kill
+    left survivors.
+    """
+    from hold.audit import build_report, kill_strays, render_table
+    from supervisor.parse import parse_duration
+
+    _cfg, classes = _classes()
+    if cls is not None and cls not in classes:
+        _fail(f"--device {cls!r} is not valid: one of {', '.join(sorted(classes))}")
+    if yes and not kill:
+        _fail("--yes only goes with --kill")
+    try:
+        grace_s = parse_duration(grace, what="--grace", plain_unit="seconds", allow_zero=True)
+    except BadValue as e:
+        _fail(str(e))
+    sd = _state_dir()
+    doc = build_report(sd, classes, cls)
+    strays = [r for r in doc["holders"] if not r["covered"]]
+    if kill and strays:
+        if not yes:
+            if not sys.stdin.isatty():
+                _fail("--kill without --yes needs a terminal to ask at")
+            click.echo(render_table(doc))
+            if not click.confirm(f"Stop the trees of {len(strays)} stray holder(s)?"):
+                raise SystemExit(1)
+        doc["killed"] = kill_strays(doc, sd, grace_s)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        if not (kill and strays and not yes):
+            click.echo(render_table(doc))
+        for k in doc.get("killed", []):
+            state = "stopped" if k.get("stopped") else "NOT stopped"
+            click.echo(f"pid {k['pid']}: {state} {k.get('why') or k.get('outcome', '')}")
+            for s in k.get("survivors", []):
+                click.echo(f"  survivor pid {s['pid']} ({s['found_by']}): {s['command']}")
+    if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
+        raise SystemExit(3)
+    raise SystemExit(1 if strays else 0)
+
+
 __all__ = ["cli", "help_text"]
-_ = sys

@@ -265,8 +265,7 @@ def _survivors(
     out: dict[ProcessId, str] = {
         m.ident: "+".join(m.found_by) for m in tree.members(procs).values()
     }
-    me = os.getpid()
-    protected = {me} | {st.pid for st in procscan.ancestors(me)}
+    protected = tree.protected(procs)
     # Only a process started at or after the tree's root can be its escapee;
     # an older one that holds the same file is somebody else's.
     younger = [

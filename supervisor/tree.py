@@ -50,7 +50,8 @@ class Tree:
     None where unknown, or (``sid``) when the root kept the caller's session
     (interactive). ``uid``: only processes that this user could signal count
     as members (a daemon running as root stops a user's tree no further than
-    that user could have).
+    that user could have). ``spare``: pids that are never members, nor is
+    anything below them (the audit spares covered holders this way).
     ``adopts_orphans``: this process is a subreaper and this is the only tree
     whose orphans it adopts, so its unowned children belong to the tree;
     ``owned`` are children of ours that others reap (never "adopted").
@@ -59,7 +60,7 @@ class Tree:
     """
 
     __slots__ = ("adopts_orphans", "leaf", "owned", "pgid", "root", "seen", "sid", "since",
-                 "tree_id", "uid")  # fmt: skip
+                 "spare", "tree_id", "uid")  # fmt: skip
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class Tree:
         owned: frozenset[int] = frozenset(),
         since: int | None = None,
         uid: int | None = None,
+        spare: frozenset[int] = frozenset(),
     ) -> None:
         if root is not None:
             since = root.starttime
@@ -81,6 +83,7 @@ class Tree:
         self.root = root
         self.since: int = since
         self.uid = uid
+        self.spare = spare
         self.pgid = pgid
         self.sid = sid
         self.leaf = leaf
@@ -100,7 +103,7 @@ class Tree:
         if procs is None:
             procs = procscan.snapshot()
         me = os.getpid()
-        protected = {me} | {st.pid for st in procscan.ancestors(me)}
+        protected = self.protected(procs)
         reasons: dict[int, list[str]] = {}
 
         def add(pid: int, why: str) -> None:
@@ -119,6 +122,7 @@ class Tree:
         }
         if self.root is not None and self.root.matches():
             known.add(self.root.pid)
+            add(self.root.pid, "root")
         for st in procs.values():
             if self.pgid is not None and st.pgrp == self.pgid and self._plausible(st):
                 add(st.pid, "group")
@@ -144,6 +148,14 @@ class Tree:
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)
             out[pid] = Member(ident, st.comm, tuple(dict.fromkeys(why)))
+        return out
+
+    def protected(self, procs: dict[int, Stat]) -> set[int]:
+        """Pids never to count as members: this process, its ancestors, and what is spared."""
+        me = os.getpid()
+        out = {me} | {st.pid for st in procscan.ancestors(me)}
+        if self.spare:
+            out |= set(self.spare) | procscan.descendants(self.spare, procs)
         return out
 
     def _plausible(self, st: Stat) -> bool:
