@@ -38,8 +38,11 @@ class LineReader:
     def readline(self, deadline: float) -> str | None:
         """The next line; ``deadline`` is a :func:`time.monotonic` time."""
         while True:
-            nl = self._buf.find(b"\n")
-            if nl >= 0 or len(self._buf) >= self.max_line:
+            # A line longer than max_line is cut there whether its newline came
+            # in the same read or a later one: the pieces must not depend on
+            # how the child's writes happened to arrive.
+            nl = self._buf.find(b"\n", 0, self.max_line + 1)
+            if nl >= 0 or len(self._buf) > self.max_line:
                 end = nl if nl >= 0 else self.max_line
                 line = bytes(self._buf[:end])
                 del self._buf[: end + (1 if nl >= 0 else 0)]

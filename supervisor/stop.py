@@ -27,7 +27,14 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from supervisor import procscan
-from supervisor.identity import AccessDenied, Handle, NoSuchProcess, ProcessId, read_cmdline
+from supervisor.identity import (
+    AccessDenied,
+    Handle,
+    NoSuchProcess,
+    ProcessId,
+    Stat,
+    read_cmdline,
+)
 from supervisor.tree import Member, Tree
 
 _KILL_WAIT = 2.0  # seconds to wait for SIGKILLed processes to disappear
@@ -143,16 +150,50 @@ def _wait_tree_empty(tree: Tree, timeout: float) -> dict[int, Member]:
 
 
 def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
-    """SIGSTOP every member, walking again until nobody new appears."""
+    """SIGSTOP every member, walking again until nobody new appears.
+
+    A walk is not atomic: a process that forks and lets its parent exit
+    every few milliseconds can be gone from its old pid before the walk
+    reads it and not yet listed at its new one, so "nobody new" alone could
+    leave it running. So the tree's own process group is first stopped as a
+    whole: ``kill(-pgid)`` also reaches a child being forked at that moment,
+    and the walks after it see the group standing still.
+    """
     frozen: dict[int, Member] = {}
+    group_stopped = False
     for _ in range(_WALK_ROUNDS):
-        new = {pid: m for pid, m in tree.members().items() if pid not in frozen}
+        procs = procscan.snapshot()
+        members = tree.members(procs)
+        pgid = None if group_stopped else _own_group(tree, procs, members)
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGSTOP)
+            except OSError:
+                pass
+            group_stopped = True
+            continue
+        new = {pid: m for pid, m in members.items() if pid not in frozen}
         if not new:
             break
         for pid, m in new.items():
             _signal(m.ident, signal.SIGSTOP)
             frozen[pid] = m
     return frozen
+
+
+def _own_group(tree: Tree, procs: dict[int, Stat], members: dict[int, Member]) -> int | None:
+    """The tree's process group, if it may be signalled as a whole.
+
+    Only while every live process in it is a member (none spared, none of
+    ours, none another user's where the tree has a uid limit); a live member
+    also keeps the number from being reused by another group meanwhile.
+    """
+    if tree.pgid is None:
+        return None
+    in_group = {st.pid for st in procs.values() if st.pgrp == tree.pgid and not st.is_dead}
+    if in_group and in_group <= members.keys():
+        return tree.pgid
+    return None
 
 
 def reap_adopted(owned: frozenset[int]) -> None:

@@ -31,13 +31,45 @@ T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
-def isolated_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def isolated_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_process_left_behind: None
+) -> Iterator[Path]:
+    """Own state directory and configuration; afterwards, stop the test's daemon.
+
+    Depends on the leak check so that it is torn down *before* it: a daemon
+    the test started (clients autostart one) is stopped here, by its own
+    SIGTERM path, and anything else still running is the test's leak.
+    """
     state = tmp_path / "state"
     config = tmp_path / "config.yaml"
     config.write_text("cgroups: auto\n")
     monkeypatch.setenv("HOLD_STATE_DIR", str(state))
     monkeypatch.setenv("HOLD_CONFIG", str(config))
-    return tmp_path
+    yield tmp_path
+    stop_daemon(state)
+
+
+def daemon_pid(state: Path) -> int | None:
+    """The pid of the live daemon serving ``state``, if any (from its lock file)."""
+    try:
+        text = (state / "daemon.lock").read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit() or not alive(int(text)):
+        return None
+    return int(text)
+
+
+def stop_daemon(state: Path, timeout: float = 5.0) -> None:
+    pid = daemon_pid(state)
+    if pid is None:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(params=["cgroup", "walk"])
@@ -207,10 +239,12 @@ def unpriv_python() -> str:
     """A Python the unprivileged user may execute: ours if reachable, else the system's."""
     for cand in (sys.executable, "/usr/bin/python3"):
         real = os.path.realpath(cand)
+        # Checked the way as_user() runs it (through env -i), not by a direct exec.
         ok = subprocess.run(
-            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", real, "-c", "pass"],
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+             "env", "-i", real, "-c", "pass"],
             capture_output=True,
-        )
+        )  # fmt: skip
         if ok.returncode == 0:
             return real
     pytest.skip("no Python interpreter here that an unprivileged user may run")

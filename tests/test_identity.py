@@ -1,0 +1,249 @@
+"""Process identity: (pid, start time); a stale or reused pid is never signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import alive, as_user, unpriv_python, wait_for
+
+from supervisor.identity import (
+    Handle,
+    NoSuchProcess,
+    ProcessId,
+    read_cmdline,
+    read_stat,
+)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process of ours that each test can aim at (and must leave unharmed)."""
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def _free_pid() -> int:
+    """A pid that names no process now (one of ours, just reaped)."""
+    p = subprocess.Popen(["true"])
+    p.wait(timeout=10)
+    return p.pid
+
+
+def test_of_reads_the_start_time_of_that_process(sleeper: subprocess.Popen[bytes]) -> None:
+    ident = ProcessId.of(sleeper.pid)
+    with open(f"/proc/{sleeper.pid}/stat") as f:
+        field22 = int(f.read().rsplit(")", 1)[1].split()[19])
+    assert ident == ProcessId(sleeper.pid, field22)
+    assert ident.matches() and ident.is_running()
+    assert str(ident) == f"{sleeper.pid}@{field22}"
+    assert read_stat(sleeper.pid).ppid == os.getpid()
+    assert read_cmdline(sleeper.pid) == "sleep 60"
+
+
+def test_stale_start_time_is_never_signalled(sleeper: subprocess.Popen[bytes]) -> None:
+    real = ProcessId.of(sleeper.pid)
+    for stale in (ProcessId(real.pid, real.starttime - 1), ProcessId(real.pid, real.starttime + 1)):
+        assert not stale.matches()
+        assert not stale.is_running()
+        with pytest.raises(NoSuchProcess, match="reused"):
+            stale.send_signal(signal.SIGKILL)
+        with pytest.raises(NoSuchProcess):
+            stale.open()
+    # The live process that owns the number was not touched.
+    time.sleep(0.1)
+    assert sleeper.poll() is None and alive(sleeper.pid)
+    assert real.is_running()
+
+
+def test_gone_process_is_no_such_process() -> None:
+    ident = ProcessId.of(os.getpid())
+    gone = ProcessId(_free_pid(), ident.starttime)
+    with pytest.raises(NoSuchProcess):
+        ProcessId.of(gone.pid)
+    with pytest.raises(NoSuchProcess):
+        gone.send_signal(0)
+    assert not gone.matches() and not gone.is_running()
+    with pytest.raises(NoSuchProcess):
+        read_cmdline(gone.pid)
+
+
+def test_zombie_matches_but_is_not_running() -> None:
+    p = subprocess.Popen(["true"])
+    ident = ProcessId.of(p.pid)
+    wait_for(lambda: read_stat(p.pid).is_dead, what="the child to become a zombie")
+    assert ident.matches()  # the number is still this process's until reaped
+    assert not ident.is_running()
+    p.wait(timeout=10)
+    assert not ident.matches()
+
+
+def test_comm_with_parentheses_and_spaces(tmp_path: Path) -> None:
+    # comm is chosen by the process and may contain ") " and "(", the
+    # characters a naive split of /proc/PID/stat would trip over.
+    name = "a) b (c) 1 2"
+    p = subprocess.Popen(
+        [sys.executable, "-c", f"open('/proc/self/comm','w').write({name!r});"
+         "print('ok', flush=True); import time; time.sleep(60)"],
+        stdout=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert p.stdout is not None
+        assert select.select([p.stdout], [], [], 10)[0], "the child never said ok"
+        assert p.stdout.readline() == b"ok\n"
+        st = read_stat(p.pid)
+        assert st.comm == name[:15]  # the kernel keeps 15 characters
+        assert st.ppid == os.getpid()
+        assert st.pgrp == p.pid and st.session == p.pid
+        assert st.state in ("S", "R")
+        assert ProcessId.of(p.pid).starttime >= ProcessId.of(os.getpid()).starttime
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+        assert p.stdout is not None
+        p.stdout.close()
+
+
+def _write_ns_last_pid(value: int) -> bool:
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(value))
+        return True
+    except OSError:
+        return False
+
+
+def test_real_pid_reuse_is_never_signalled() -> None:
+    """Force the kernel to hand a dead process's pid to a new one, then aim at the old."""
+    with open("/proc/sys/kernel/ns_last_pid") as f:
+        last = int(f.read())
+    if not _write_ns_last_pid(last):
+        pytest.skip("cannot write /proc/sys/kernel/ns_last_pid (needs CAP_SYS_ADMIN)")
+    old_proc = subprocess.Popen(["sleep", "60"])
+    old = ProcessId.of(old_proc.pid)
+    pinned = Handle.open(old)  # a pidfd opened while the old process lived
+    try:
+        # Start times are in clock ticks: let at least a few pass, or the new
+        # process could share the old one's start time and be indistinguishable.
+        time.sleep(0.1)
+        old_proc.kill()
+        old_proc.wait(timeout=10)
+        new_proc: subprocess.Popen[bytes] | None = None
+        # Other processes on the machine may take the number first: retry.
+        for _ in range(100):
+            assert _write_ns_last_pid(old.pid - 1)
+            cand = subprocess.Popen(["sleep", "60"])
+            if cand.pid == old.pid:
+                new_proc = cand
+                break
+            cand.kill()
+            cand.wait(timeout=10)
+        if new_proc is None:
+            pytest.skip(f"pid {old.pid} was taken by someone else on every try")
+        try:
+            new = ProcessId.of(new_proc.pid)
+            assert new.pid == old.pid and new.starttime != old.starttime
+            assert not old.matches() and not old.is_running()
+            with pytest.raises(NoSuchProcess):
+                old.send_signal(signal.SIGKILL)
+            with pytest.raises(NoSuchProcess):
+                old.open()
+            # The pidfd opened on the old process still names only the old one.
+            with pytest.raises(NoSuchProcess):
+                pinned.send_signal(signal.SIGKILL)
+            time.sleep(0.1)
+            assert new_proc.poll() is None and new.is_running()
+            # ...while the right identity does reach it.
+            new.send_signal(signal.SIGTERM)
+            assert new_proc.wait(timeout=10) == -signal.SIGTERM
+        finally:
+            new_proc.kill()
+            new_proc.wait(timeout=10)
+    finally:
+        pinned.close()
+        if old_proc.poll() is None:
+            old_proc.kill()
+            old_proc.wait(timeout=10)
+
+
+def _user_python(user: str, runtime: Path) -> str:
+    """A Python that ``user`` may run *through* :func:`as_user` (via ``env -i``).
+
+    conftest's ``unpriv_python`` checks with setpriv exec'ing the interpreter
+    directly, which here succeeds for a path under /root (0700) that the same
+    user cannot reach through ``env``; so check the way the tests run it.
+    """
+    for cand in (unpriv_python(), "/usr/bin/python3"):
+        ok = subprocess.run(
+            as_user(user, [cand, "-c", "import supervisor.identity"], runtime, {}),
+            capture_output=True, timeout=30,
+        )  # fmt: skip
+        if ok.returncode == 0:
+            return cand
+    pytest.skip(f"no Python here that {user} may run with the copied runtime")
+
+
+# The script the unprivileged user runs: it aims at processes it names and
+# reports, for each, which exception it got.
+_PROBE = r"""
+import json, signal, sys
+from supervisor.identity import AccessDenied, NoSuchProcess, ProcessId
+out = {}
+for name, pid, start in json.loads(sys.argv[1]):
+    try:
+        ProcessId(pid, start).send_signal(signal.SIGTERM)
+        out[name] = "signalled"
+    except AccessDenied as e:
+        out[name] = "AccessDenied: " + str(e)
+    except NoSuchProcess as e:
+        out[name] = "NoSuchProcess: " + str(e)
+print(json.dumps(out))
+"""
+
+
+def test_no_such_process_and_access_denied_are_distinct(
+    unpriv_user: str, unpriv_runtime: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    root_proc = ProcessId.of(sleeper.pid)
+    assert os.stat(f"/proc/{sleeper.pid}").st_uid == 0
+    # A process of the unprivileged user's own, which it may signal.
+    own = subprocess.Popen(as_user(unpriv_user, ["sleep", "60"], unpriv_runtime, {}))
+    try:
+        # setpriv and env exec in place: wait until the pid runs sleep itself.
+        wait_for(lambda: read_cmdline(own.pid) == "sleep 60", what="the user's sleep")
+        own_id = ProcessId.of(own.pid)
+        targets = [
+            ("root", root_proc.pid, root_proc.starttime),
+            ("root_stale", root_proc.pid, root_proc.starttime + 1),
+            ("gone", _free_pid(), root_proc.starttime),
+            ("own", own_id.pid, own_id.starttime),
+        ]
+        python = _user_python(unpriv_user, unpriv_runtime)
+        res = subprocess.run(
+            as_user(unpriv_user, [python, "-c", _PROBE, json.dumps(targets)], unpriv_runtime, {}),
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["root"].startswith("AccessDenied"), out
+        assert out["root_stale"].startswith("NoSuchProcess"), out
+        assert out["gone"].startswith("NoSuchProcess"), out
+        assert out["own"] == "signalled", out
+        assert own.wait(timeout=10) == -signal.SIGTERM
+        # The root process it was denied is unharmed.
+        assert sleeper.poll() is None and root_proc.is_running()
+    finally:
+        own.kill()
+        own.wait(timeout=10)

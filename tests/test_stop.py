@@ -1,0 +1,483 @@
+"""Stopping whole trees, with and without a cgroup, and proving nothing is left.
+
+The trees are real: tests/progs/nasty_tree.py has a main process and a child
+that ignore SIGTERM, forkers that keep forking during the stop, and an escapee
+that double-forked and called setsid (so it is in neither the group nor the
+session, and its parent is gone) while holding a "device" file open and
+listening on a TCP port. Afterwards the test looks for what is left with its
+own eyes (its own /proc scan), not through the code under test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PROGS, alive, wait_for
+
+from supervisor.cgroup import Hierarchy, Leaf
+from supervisor.environ import minimal_env
+from supervisor.identity import NoSuchProcess, ProcessId, read_stat
+from supervisor.spawn import Child, owned_pids, spawn
+from supervisor.stop import StopReport, stop_tree
+from supervisor.tree import Tree
+
+
+def _wait(child: Child, timeout: float = 10.0) -> int | None:
+    """The child's status, waiting at most ``timeout``; None if it is still running."""
+    if child.poll() is None:
+        poller = select.poll()
+        poller.register(child.pidfd, select.POLLIN)
+        poller.poll(timeout * 1000)
+    return child.poll()
+
+
+class Started:
+    """One tree started for a test: its root, its Tree, and what it wrote."""
+
+    def __init__(self, tmp_path: Path, mode: str, prog: str, args: list[str]) -> None:
+        n = len(list(tmp_path.glob("tree*")))
+        self.dir = tmp_path / f"tree{n}"
+        self.dir.mkdir()
+        self.device = self.dir / "device"
+        self.device.write_bytes(b"not really a device")
+        self.port_file = self.dir / "port"
+        self.ready = self.dir / "ready"
+        self.tree_id = f"t-{uuid.uuid4().hex[:12]}"
+        self.hierarchy: Hierarchy | None = None
+        self.leaf: Leaf | None = None
+        if mode == "cgroup":
+            self.hierarchy = Hierarchy.find()
+            self.leaf = self.hierarchy.create(f"holdtest-{self.tree_id}")
+        self.child = spawn(
+            [sys.executable, str(PROGS / prog), str(self.device), str(self.port_file),
+             str(self.ready), *args],
+            env=minimal_env(os.environ, tree_id=self.tree_id),
+            cgroup=self.leaf,
+        )  # fmt: skip
+        # As supervisor.foreground builds it. In walk mode this process must
+        # be a child subreaper, which conftest already made pytest.
+        self.tree = Tree(
+            tree_id=self.tree_id,
+            root=self.child.ident,
+            pgid=self.child.pid,
+            sid=self.child.pid,
+            leaf=self.leaf,
+            adopts_orphans=self.leaf is None,
+            owned=owned_pids(),
+        )
+
+    def lines(self) -> list[tuple[str, int]]:
+        try:
+            text = self.ready.read_text()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            what, _, pid = line.rpartition(" ")
+            out.append((what, int(pid)))
+        return out
+
+    def wait_ready(
+        self, expect: dict[str, int], *, port: bool = True
+    ) -> dict[str, list[ProcessId]]:
+        """Wait for the READY lines; each process's identity, by role."""
+
+        def complete() -> bool:
+            roles = [what for what, _ in self.lines()]
+            return all(roles.count(r) >= n for r, n in expect.items()) and (
+                not port or self.port_file.exists()
+            )
+
+        wait_for(complete, timeout=20, interval=0.02, what=f"READY lines {expect}")
+        out: dict[str, list[ProcessId]] = {}
+        for what, pid in self.lines():
+            out.setdefault(what, []).append(ProcessId.of(pid))
+        return out
+
+    @property
+    def port(self) -> int:
+        return int(self.port_file.read_text())
+
+    def stop(self, grace: float, sig: int = signal.SIGTERM) -> StopReport:
+        # Children spawned since the Tree was built are not the tree's orphans.
+        self.tree.owned = owned_pids()
+        return stop_tree(self.tree, sig=sig, grace=grace)
+
+    def cleanup(self) -> None:
+        """Whatever the test did: leave nothing, and no leaf, behind.
+
+        Done without the code under test (which may be what failed): freeze
+        every process carrying the marker until no new one appears, then kill.
+        """
+        if self.leaf is not None:
+            self.leaf.kill()
+        frozen: set[int] = set()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            new = [pid for pid in _marked(self.tree_id) if pid not in frozen]
+            if not new:
+                break
+            for pid in new:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGSTOP)
+                frozen.add(pid)
+        for pid in frozen:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if self.child.poll() is None:
+            try:
+                self.child.send_signal(signal.SIGKILL)
+            except NoSuchProcess:
+                pass
+            _wait(self.child)
+        if self.leaf is not None and self.hierarchy is not None:
+            self.leaf.wait_empty(5.0)
+            self.leaf.remove(self.hierarchy.base)
+
+
+@pytest.fixture
+def start(cgroup_mode: str, tmp_path: Path) -> Iterator[Callable[..., Started]]:
+    made: list[Started] = []
+
+    def _start(prog: str = "nasty_tree.py", *args: str) -> Started:
+        s = Started(tmp_path, cgroup_mode, prog, list(args))
+        made.append(s)
+        return s
+
+    try:
+        yield _start
+    finally:
+        for s in made:
+            s.cleanup()
+
+
+# --------------------------------------------------------------------------
+# Independent checks: the test's own view of the machine.
+
+
+def _holders(path: Path) -> list[int]:
+    """Every process with ``path`` open (descriptor) or mapped, by device and inode."""
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                s = os.stat(f"/proc/{name}/fd/{fd}")
+            except OSError:
+                continue
+            if (s.st_dev, s.st_ino) == key:
+                found.append(int(name))
+                break
+    return found
+
+
+def _tcp_listeners(port: int) -> list[str]:
+    out = []
+    for proto in ("tcp", "tcp6"):
+        with open(f"/proc/net/{proto}") as f:
+            for line in f.read().splitlines()[1:]:
+                parts = line.split()
+                if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "0A":
+                    out.append(line)
+    return out
+
+
+def _port_is_free(port: int) -> bool:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a listener would refuse us
+        return True
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return False
+        raise
+    finally:
+        s.close()
+
+
+def _marked(tree_id: str) -> list[int]:
+    """Live processes carrying the tree's marker."""
+    entry = f"HOLD_TREE={tree_id}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if entry in env and alive(int(name)):
+            out.append(int(name))
+    return out
+
+
+def _assert_all_gone(s: Started, idents: dict[str, list[ProcessId]], port: int) -> None:
+    for role, ids in idents.items():
+        for ident in ids:
+            assert not ident.is_running(), f"{role} {ident} still runs"
+    assert _marked(s.tree_id) == []
+    assert _holders(s.device) == []
+    assert _tcp_listeners(port) == []
+    assert _port_is_free(port)
+    if s.leaf is not None:
+        assert not s.leaf.populated()
+
+
+# --------------------------------------------------------------------------
+# The nasty tree.
+
+
+@pytest.mark.parametrize(("forkers", "sleepers"), [(1, 0), (3, 6)])
+def test_nasty_tree_is_stopped_completely(
+    start: Callable[..., Started], cgroup_mode: str, forkers: int, sleepers: int
+) -> None:
+    s = start("nasty_tree.py", "--forkers", str(forkers), "--sleepers", str(sleepers))
+    ids = s.wait_ready(
+        {"main": 1, "child": 1, "forker": forkers, "escapee": 1, "sleeper": sleepers}
+    )
+    port = s.port
+    (escapee,) = ids["escapee"]
+    assert ids["main"] == [s.child.ident]
+
+    # The escape really happened: own session and group, parent gone, and it
+    # holds the device and the port.
+    est = read_stat(escapee.pid)
+    assert est.session != s.child.pid and est.pgrp != s.child.pid
+    assert est.session == est.pgrp and not alive(est.session)  # its session leader is gone
+    assert est.ppid == os.getpid()  # re-parented to us, the subreaper
+    assert _holders(s.device) == [escapee.pid]
+    assert len(_tcp_listeners(port)) == 1 and not _port_is_free(port)
+
+    report = s.stop(grace=0.3)
+
+    _assert_all_gone(s, ids, port)
+    assert report.ok and report.survivors == [], report.summary()
+    assert report.outcome == "killed"
+    assert report.method == cgroup_mode
+    assert "survivor check empty" in report.summary()
+    assert report.grace_used >= 0.3
+    # Killed in one go: no second round of the survivor check (which costs
+    # seconds of waiting) was needed. Generous, for a machine under load.
+    assert report.grace_used <= report.duration < report.grace_used + 1.5, report.summary()
+
+    stopped = {m.pid: m for m in report.stopped}
+    for role, idents in ids.items():
+        for ident in idents:
+            assert ident.pid in stopped, f"{role} {ident} not in the report: {report.summary()}"
+            assert stopped[ident.pid].ident == ident
+    found_by = set(stopped[escapee.pid].found_by)
+    assert found_by - {"group"}, found_by
+    assert "group" not in found_by and "session" not in found_by, found_by
+    assert "marker" in found_by, found_by
+    if cgroup_mode == "cgroup":
+        assert "cgroup" in found_by, found_by
+    else:
+        assert "adopted" in found_by, found_by
+    # The main process and the child stayed in the group and the session.
+    assert {"group", "session"} <= set(stopped[s.child.pid].found_by)
+    # TERM-ignorers had to be killed, the escapee among them.
+    killed = {m.pid for m in report.killed}
+    assert {s.child.pid, escapee.pid} | {i.pid for i in ids["child"]} <= killed
+    # What the tree held is named, so the survivor check could look for it.
+    assert str(s.device) in report.held and f"tcp/{port}" in report.held
+
+    # The root is collected by its owner, with the signal that ended it.
+    assert _wait(s.child) == -signal.SIGKILL
+
+
+def test_process_that_keeps_hopping_is_stopped(
+    start: Callable[..., Started], cgroup_mode: str
+) -> None:
+    """A process that forks and lets its parent exit every few milliseconds:
+    a kill aimed at the pids seen a moment ago always misses it. It must be
+    frozen (or killed by cgroup) and the survivor check must come back empty."""
+    s = start("hopper_tree.py")
+    ids = s.wait_ready({"main": 1, "hopper": 1}, port=False)
+    (first,) = ids["hopper"]
+    wait_for(lambda: not first.is_running(), what="the hopper to hop")
+    # main, and the hopper's current generation (a scan may miss it mid-hop)
+    wait_for(lambda: len(_marked(s.tree_id)) == 2, what="the hopper in a scan")
+
+    report = s.stop(grace=0.3)
+
+    assert report.ok and report.survivors == [], report.summary()
+    assert report.outcome == "killed"
+    assert _marked(s.tree_id) == []
+    assert _wait(s.child) == -signal.SIGKILL
+    # Still nothing a moment later: no generation was left to hop on.
+    time.sleep(0.2)
+    assert _marked(s.tree_id) == []
+
+
+def test_root_gone_first_rest_still_found(start: Callable[..., Started], cgroup_mode: str) -> None:
+    """The command exits (here: is killed alone) before the stop, leaving its
+    descendants: they are found without it."""
+    s = start("nasty_tree.py", "--forkers", "2")
+    ids = s.wait_ready({"main": 1, "child": 1, "forker": 2, "escapee": 1})
+    port = s.port
+    s.child.send_signal(signal.SIGKILL)
+    assert _wait(s.child) == -signal.SIGKILL
+    rest = [i for role, idents in ids.items() if role != "main" for i in idents]
+    assert all(i.is_running() for i in rest)
+
+    report = s.stop(grace=0.3)
+
+    _assert_all_gone(s, ids, port)
+    assert report.ok, report.summary()
+    assert report.outcome == "killed"
+    assert {i.pid for i in rest} <= {m.pid for m in report.stopped}
+
+
+def test_polite_tree_exits_within_the_grace(
+    start: Callable[..., Started], cgroup_mode: str
+) -> None:
+    s = start("polite_tree.py")
+    ids = s.wait_ready({"main": 1, "child": 1, "escapee": 1})
+    port = s.port
+    (escapee,) = ids["escapee"]
+
+    report = s.stop(grace=10.0)
+
+    _assert_all_gone(s, ids, port)
+    assert report.ok, report.summary()
+    assert report.outcome == "exited", report.summary()
+    assert report.killed == []
+    assert escapee.pid in {m.pid for m in report.stopped}
+    # Woken when the last one left, not at the end of the grace.
+    assert report.grace_used < 5.0, report.summary()
+    # The escapee got the polite signal too, and shut down on its own.
+    assert ("bye escapee", escapee.pid) in s.lines()
+    assert _wait(s.child) == -signal.SIGTERM
+
+
+def test_stop_signal_is_the_one_asked_for(start: Callable[..., Started]) -> None:
+    # polite_tree's main keeps SIGINT's default too: it dies of exactly that.
+    s = start("polite_tree.py")
+    ids = s.wait_ready({"main": 1, "child": 1, "escapee": 1})
+    report = s.stop(grace=0.5, sig=signal.SIGINT)
+    assert report.signal == "SIGINT"
+    # The child and escapee only handle TERM: SIGINT's default ends them.
+    assert report.ok and report.outcome == "exited", report.summary()
+    assert ("bye escapee", ids["escapee"][0].pid) not in s.lines()
+    assert _wait(s.child) == -signal.SIGINT
+
+
+def test_nothing_running_is_empty(start: Callable[..., Started]) -> None:
+    s = start("polite_tree.py", "--exit-at-once")
+    assert _wait(s.child) is not None
+    report = s.stop(grace=5.0)
+    assert report.ok and report.outcome == "empty", report.summary()
+    assert report.stopped == [] and report.killed == []
+
+
+# --------------------------------------------------------------------------
+# The survivor check, and what it must leave alone.
+
+
+def test_survivor_check_finds_a_later_holder_of_the_trees_file(
+    start: Callable[..., Started], cgroup_mode: str
+) -> None:
+    """A process outside every membership (own session, other marker, not in
+    the leaf, not adopted) that started after the tree and holds its device
+    file is found by the survivor check and ended."""
+    s = start("nasty_tree.py", "--forkers", "1")
+    ids = s.wait_ready({"main": 1, "child": 1, "forker": 1, "escapee": 1})
+    r, w = os.pipe()
+    try:
+        holder = spawn(
+            ["sh", "-c", 'exec 7<"$0"; echo holding; exec sleep 30', str(s.device)],
+            env=minimal_env(os.environ, tree_id="unrelated-" + s.tree_id),
+            stdout=w,
+        )
+        os.close(w)
+        w = -1
+        assert select.select([r], [], [], 10)[0] and os.read(r, 100) == b"holding\n"
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    try:
+        s.tree.owned = owned_pids()
+        assert holder.pid not in s.tree.members()
+        assert holder.pid in _holders(s.device)
+
+        report = s.stop(grace=0.3)
+
+        assert _wait(holder) == -signal.SIGKILL
+        _assert_all_gone(s, ids, s.port)
+        assert report.ok, report.summary()
+    finally:
+        if holder.poll() is None:
+            holder.send_signal(signal.SIGKILL)
+            _wait(holder)
+
+
+def test_unrelated_writer_of_the_same_log_is_left_alone(
+    start: Callable[..., Started], cgroup_mode: str, tmp_path: Path
+) -> None:
+    """The tree's stdout is a log file that another, later, unrelated process
+    also writes to. Sharing an inherited log does not make that process a
+    holder of anything of the tree's: the stop must not kill it."""
+    log = os.open(tmp_path / "build.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    tree_id = f"t-{uuid.uuid4().hex[:12]}"
+    hier: Hierarchy | None = None
+    leaf: Leaf | None = None
+    if cgroup_mode == "cgroup":
+        hier = Hierarchy.find()
+        leaf = hier.create(f"holdtest-{tree_id}")
+    child = spawn(
+        ["sh", "-c", "sleep 30 & echo started; wait"],
+        env=minimal_env(os.environ, tree_id=tree_id), stdout=log, stderr=log, cgroup=leaf,
+    )  # fmt: skip
+    other: Child | None = None
+    try:
+        tree = Tree(
+            tree_id=tree_id, root=child.ident, pgid=child.pid, sid=child.pid, leaf=leaf,
+            adopts_orphans=leaf is None, owned=owned_pids(),
+        )  # fmt: skip
+        wait_for(lambda: (tmp_path / "build.log").read_text() == "started\n", what="the tree")
+        other = spawn(
+            ["sleep", "30"], env=minimal_env(os.environ, tree_id="other-" + tree_id), stdout=log
+        )
+        os.close(log)
+        log = -1
+        tree.owned = owned_pids()
+        assert other.pid not in tree.members()
+
+        report = stop_tree(tree, grace=2.0)
+
+        assert report.ok and report.outcome == "exited", report.summary()
+        assert other.poll() is None and other.ident.is_running(), report.summary()
+        assert _wait(child) == -signal.SIGTERM
+    finally:
+        if log >= 0:
+            os.close(log)
+        if other is not None and other.poll() is None:
+            other.send_signal(signal.SIGKILL)
+            _wait(other)
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            _wait(child)
+        if leaf is not None and hier is not None:
+            leaf.kill()
+            leaf.wait_empty(5.0)
+            leaf.remove(hier.base)
