@@ -103,7 +103,14 @@ class _Matcher:
         ]
 
     def inspect(self, pid: int) -> tuple[list[Holder], bool]:
-        """(holders in this process, True if we may not read its descriptors)."""
+        """(holders in this process, True if we may not read its descriptors or mappings).
+
+        "May not" is decided per descriptor and per file, not only by the
+        listing of ``fd/``: the listing can be allowed where following the
+        links is not (a process in another user namespace, or one more
+        privileged than us, such as a sandbox's init), and such a process
+        must be counted as not inspected, never passed over as holding nothing.
+        """
         base = f"/proc/{pid}/fd"
         try:
             fds = os.listdir(base)
@@ -112,11 +119,15 @@ class _Matcher:
         except OSError:
             return [], False
         found: dict[tuple[str, int | None], tuple[Target, str]] = {}
+        denied = False
         for name in fds:
             try:
                 st = os.stat(f"{base}/{name}")
+            except PermissionError:
+                denied = True  # the same check guards every descriptor: stop asking
+                break
             except OSError:
-                continue
+                continue  # closed meanwhile
             mode = st.st_mode
             if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
                 t = self.rdev.get(st.st_rdev)
@@ -126,16 +137,19 @@ class _Matcher:
                 continue
             if t is not None:
                 found.setdefault((t.cls, t.unit), (t, "fd"))
-        for t in self._mapped(pid):
-            found.setdefault((t.cls, t.unit), (t, "mmap"))
+        try:
+            for t in self._mapped(pid):
+                found.setdefault((t.cls, t.unit), (t, "mmap"))
+        except PermissionError:
+            denied = True
         if not found:
-            return [], False
+            return [], denied
         st0 = procscan.stat_of(pid)
         if st0 is None or st0.is_dead:
             return [], False
         uid = _uid(pid)
         return [Holder(pid, st0.starttime, uid, t.cls, t.unit, how, t.path)
-                for t, how in found.values()], False  # fmt: skip
+                for t, how in found.values()], denied  # fmt: skip
 
     def _mapped(self, pid: int) -> list[Target]:
         data = _read(f"/proc/{pid}/maps")
@@ -160,9 +174,14 @@ class _Matcher:
 
 
 def _read(path: str) -> bytes:
-    """A whole /proc file with plain system calls (no buffered file object per file)."""
+    """A whole /proc file with plain system calls (no buffered file object per file).
+
+    Raises PermissionError (a process we may not inspect); b"" if it is gone.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError:
+        raise
     except OSError:
         return b""
     try:
@@ -172,6 +191,8 @@ def _read(path: str) -> bytes:
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
+    except PermissionError:
+        raise
     except OSError:
         return b""
     finally:
@@ -521,20 +542,26 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
     """Stop the tree of every stray holder; what each stop did.
 
     Never touched: pid 1, the daemon, this process and its ancestors, and
-    every covered holder with everything below it.
+    every covered holder with everything below it. A stray that is one of
+    these is reported as not stopped (it still holds the device), never
+    passed to ``stop_tree``, which would find an empty tree and call that a
+    success. "Stopped" means the stop's survivor check came back empty *and*
+    the stray itself (by pid and start time) is gone.
     """
     from supervisor.identity import ProcessId
     from supervisor.stop import stop_tree
     from supervisor.tree import Tree
 
-    never = {1}
+    daemon: set[int] = set()
     try:
         with open(sd.lock, "rb") as f:
             text = f.read().strip()
         if text.isdigit():
-            never.add(int(text))
+            daemon.add(int(text))
     except OSError:
         pass
+    me = os.getpid()
+    callers = {me} | {a.pid for a in procscan.ancestors(me)}
     covered = frozenset(r["pid"] for r in doc["holders"] if r["covered"])
     results: list[dict[str, Any]] = []
     done: set[int] = set()
@@ -543,25 +570,43 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
         if r["covered"] or pid in done:
             continue
         done.add(pid)
-        if pid in never:
-            results.append({"pid": pid, "stopped": False, "why": "never stopped (init or daemon)"})
+
+        def spared(why: str, pid: int = pid) -> None:
+            results.append({"pid": pid, "stopped": False, "why": f"never stopped: {why}"})
+
+        if pid == 1 or pid in daemon:
+            spared("init or the daemon")
+            continue
+        if pid in callers:
+            spared("this audit or one of its ancestors")
+            continue
+        above = {a.pid for a in procscan.ancestors(pid)} | {pid}
+        if above & covered:
+            spared(f"a covered holder (pid {min(above & covered)}) or below one")
             continue
         st = procscan.stat_of(pid)
-        if st is None or st.starttime != r["starttime"]:
+        if st is None or st.is_dead or st.starttime != r["starttime"]:
             results.append({"pid": pid, "stopped": True, "why": "already gone"})
             continue
         # Its own group and session only if it leads them: a stray started from
-        # someone's shell must not take the shell's session with it.
+        # someone's shell must not take the shell's session with it. Spared
+        # (with everything below them): covered holders and the daemon. Not
+        # pid 1, everything is below it; it cannot be a member anyway.
+        ident = ProcessId(pid, st.starttime)
         tree = Tree(
-            f"audit{pid}", ProcessId(pid, st.starttime),
+            f"audit{pid}", ident,
             st.pgrp if st.pgrp == pid else None,
             st.session if st.session == pid else None,
-            spare=covered | frozenset(never),
+            spare=covered | frozenset(daemon),
         )  # fmt: skip
         report = stop_tree(tree, grace=grace)
+        gone = not ident.is_running()  # a zombie holds nothing
+        survivors = [s._asdict() for s in report.survivors]
+        if not gone and pid not in {s["pid"] for s in survivors}:
+            survivors.append({"pid": pid, "command": r["command"], "found_by": "the stray itself"})
         results.append({
-            "pid": pid, "stopped": report.ok, "outcome": report.outcome,
+            "pid": pid, "stopped": report.ok and gone, "outcome": report.outcome,
             "members": [m.pid for m in report.stopped],
-            "survivors": [s._asdict() for s in report.survivors],
+            "survivors": survivors,
         })  # fmt: skip
     return results

@@ -58,6 +58,7 @@ class StopReport:
 
     __slots__ = (
         "duration",
+        "escalated",
         "grace_used",
         "held",
         "killed",
@@ -77,6 +78,7 @@ class StopReport:
         self.stopped: list[Member] = []
         self.killed: list[Member] = []
         self.survivors: list[Survivor] = []
+        self.escalated: list[Survivor] = []  # killed by the survivor check's second round
         self.grace_used = 0.0
         self.duration = 0.0
         self.held: list[str] = []  # nodes and ports checked afterwards
@@ -91,6 +93,10 @@ class StopReport:
             f"({len(self.stopped)} stopped, {len(self.killed)} killed after "
             f"{self.grace_used:.3f}s of {self.signal}; {self.duration * 1000:.1f} ms in all)"
         )
+        if self.escalated:
+            head += f"; {len(self.escalated)} more killed by the survivor check: " + ", ".join(
+                f"{s.pid} ({s.found_by})" for s in self.escalated
+            )
         if not self.survivors:
             return head + "; survivor check empty"
         lines = [head + f"; {len(self.survivors)} SURVIVED:"]
@@ -269,28 +275,29 @@ def stop_tree(
             # Members outside the leaf (found by marker or session: started
             # before the leaf existed, or moved out by someone) die one by one.
             outside = [m for m in members.values() if "cgroup" not in m.found_by]
-            for m in outside:
-                _signal(m.ident, signal.SIGKILL)
+            refused = {m.pid for m in outside if not _signal(m.ident, signal.SIGKILL)}
             tree.leaf.wait_empty(_KILL_WAIT)
             _wait_gone((m.ident for m in outside), _KILL_WAIT)
-            report.killed = list(members.values())
+            report.killed = [m for m in members.values() if m.pid not in refused]
         else:
             frozen = _freeze_and_walk(tree)
-            for m in frozen.values():
-                _signal(m.ident, signal.SIGKILL)
+            report.killed = [m for m in frozen.values() if _signal(m.ident, signal.SIGKILL)]
             _wait_gone((m.ident for m in frozen.values()), _KILL_WAIT)
-            report.killed = list(frozen.values())
 
-    # 4. Survivor check, escalated once.
+    # 4. Survivor check, escalated once. What the escalation killed is in the
+    # report too ("escalated"): the tree did not stop as it should have.
     survivors = _survivors(tree, nodes, ports)
     if survivors:
-        for ident in survivors:
-            _signal(ident, signal.SIGKILL)
+        for ident, why in survivors.items():
+            if ident.pid > 0 and _signal(ident, signal.SIGKILL):
+                report.escalated.append(Survivor(ident.pid, _cmdline(ident.pid), why))
         if tree.leaf is not None and tree.uid is None:
             tree.leaf.kill()
-        _wait_gone(survivors, _KILL_WAIT)
+        _wait_gone((i for i in survivors if i.pid > 0), _KILL_WAIT)
         survivors = _survivors(tree, nodes, ports)
-    report.survivors = [Survivor(i.pid, _cmdline(i.pid), why) for i, why in survivors.items()]
+    report.survivors = [
+        Survivor(i.pid, _cmdline(i.pid) if i.pid > 0 else "?", why) for i, why in survivors.items()
+    ]
     if tree.adopts_orphans:
         reap_adopted(tree.owned)
     report.duration = time.monotonic() - t0
@@ -320,9 +327,18 @@ def _survivors(
     if ports:
         listening = procscan.listeners()
         still = {i: ln for i, ln in listening.items() if (ln.proto, ln.port) in ports}
-        for inode, pid in procscan.socket_owners(set(still), younger).items():
+        owners = procscan.socket_owners(set(still), younger)
+        for inode, pid in owners.items():
             ident = ProcessId(pid, procs[pid].starttime)
             out.setdefault(ident, f"listens on {still[inode].proto}/{still[inode].port}")
+        unnamed = set(still) - set(owners) - set(procscan.socket_owners(set(still), protected))
+        for inode in unnamed:
+            # Still listening, and the owner is a process we may not inspect
+            # (another user's): the port is not free, so this fails the check
+            # even though we cannot name who. A negative pid marks it.
+            ln = still[inode]
+            why = f"{ln.proto}/{ln.port} still listening, owner not inspectable"
+            out.setdefault(ProcessId(-inode, 0), why)
     return out
 
 
