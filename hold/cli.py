@@ -37,11 +37,11 @@ def _fail(msg: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def _state_dir() -> Any:
+def _state_dir(shared: bool = False) -> Any:
     from hold.statedir import open_state_dir
 
     try:
-        return open_state_dir()
+        return open_state_dir(shared=shared)
     except BadValue as e:
         _fail(str(e))
 
@@ -64,12 +64,13 @@ def daemon_cmd(detach: bool) -> None:
     from hold.daemon import Daemon
 
     cfg, classes = _classes()
-    sd = _state_dir()
+    sd = _state_dir(shared=cfg.shared_state)
     if detach and os.fork() > 0:
         # The client that started us reaps this first process at once; the
         # daemon itself is orphaned and never anyone's zombie.
         os._exit(0)
-    raise SystemExit(Daemon(sd, classes, home_tokens=cfg.home_tokens).serve())
+    daemon = Daemon(sd, classes, shared=cfg.shared_state, home_tokens=cfg.home_tokens)
+    raise SystemExit(daemon.serve())
 
 
 def _client() -> Any:
@@ -189,6 +190,73 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
     if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
         raise SystemExit(3)
     raise SystemExit(1 if strays else 0)
+
+
+# ---------------------------------------------------------------------- stacks (hold.stackcmd)
+
+
+@cli.command("up")
+@click.argument("file")
+@click.option("--detach", "-d", is_flag=True, help="Run in the background; return once it is up.")
+@click.option(
+    "--for", "run_for", metavar="DURATION", help="Stop the stack this long after it is up."
+)
+@click.option("--status-fd", type=int, hidden=True)
+def up_cmd(file: str, detach: bool, run_for: str | None, status_fd: int | None) -> None:
+    """Start the units of a stack FILE in dependency order and supervise them."""
+    from hold.stackcmd import main_up
+
+    raise SystemExit(main_up(file, detach=detach, run_for=run_for, status_fd=status_fd))
+
+
+@cli.command("validate")
+@click.argument("file")
+def validate_cmd(file: str) -> None:
+    """Check a stack FILE without starting anything (every error, with its line)."""
+    from hold.stackcmd import main_validate
+
+    raise SystemExit(main_validate(file))
+
+
+@cli.command("ps")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ps_cmd(name: str | None, as_json: bool) -> None:
+    """Running stacks, or the units of stack NAME."""
+    from hold.stackcmd import main_ps
+
+    raise SystemExit(main_ps(name, as_json))
+
+
+@cli.command("logs")
+@click.argument("name")
+@click.argument("unit")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines while the stack runs.")
+@click.option("--lines", "-n", type=click.IntRange(min=0), help="Only the last N lines.")
+def logs_cmd(name: str, unit: str, follow: bool, lines: int | None) -> None:
+    """The output of UNIT in stack NAME (its log file)."""
+    from hold.stackcmd import main_logs
+
+    raise SystemExit(main_logs(name, unit, follow, lines))
+
+
+@cli.command("down")
+@click.argument("name")
+def down_cmd(name: str) -> None:
+    """Stop stack NAME: reverse order, each unit's signal and grace, survivor check."""
+    from hold.stackcmd import main_down
+
+    raise SystemExit(main_down(name))
+
+
+@cli.command("restart")
+@click.argument("name")
+@click.argument("unit")
+def restart_cmd(name: str, unit: str) -> None:
+    """Stop UNIT of stack NAME (its whole tree) and start it again."""
+    from hold.stackcmd import main_restart
+
+    raise SystemExit(main_restart(name, unit))
 
 
 __all__ = ["cli", "help_text"]

@@ -117,7 +117,15 @@ class Client:
             os.dup2(fresh.sock.fileno(), self.sock.fileno())
             fresh.sock.close()
             self.buf, self.pending = fresh.buf, []
-            return self.request({"op": "attach", "session": self.session})
+            try:
+                return self.request({"op": "attach", "session": self.session})
+            except (DaemonUnreachable, OSError):
+                # A SIGKILLed daemon's listener can outlive its connections by
+                # an instant (the kernel releases them in turn), so the connect
+                # above may have reached the dying daemon: try again.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def close(self) -> None:
         self.sock.close()
@@ -165,6 +173,16 @@ def _spawn_daemon(sd: StateDir) -> None:
     env["HOLD_STATE_DIR"] = sd.path
     log = os.open(sd.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    # A client that re-attaches while it runs a command without a cgroup is a
+    # child subreaper: the daemon, orphaned by --detach, would be re-parented
+    # to it, taken for an adopted orphan of the command's tree, and stopped
+    # with it. So it is no subreaper until the daemon has left (an orphan of
+    # the tree in that instant is still found by its marker).
+    from supervisor.reaper import become_subreaper, is_subreaper
+
+    was_subreaper = is_subreaper()
+    if was_subreaper:
+        become_subreaper(False)
     try:
         pid = os.posix_spawn(
             sys.executable,
@@ -177,8 +195,10 @@ def _spawn_daemon(sd: StateDir) -> None:
             ],
             setsid=True,
         )
+        # --detach forks the real daemon and exits at once; reap that first process.
+        os.waitpid(pid, 0)
     finally:
         os.close(log)
         os.close(devnull)
-    # --detach forks the real daemon and exits at once; reap that first process.
-    os.waitpid(pid, 0)
+        if was_subreaper:
+            become_subreaper(True)

@@ -23,6 +23,10 @@ class Config(NamedTuple):
     path: str | None = None
     cgroups: str = "auto"  # auto: use a cgroup leaf where one can be made
     home_tokens: bool = False
+    # state: {shared: true}: one daemon for several users (run as root): the
+    # state directory is made 0755 and the socket 0666; who may do what is
+    # still decided from each client's SO_PEERCRED.
+    shared_state: bool = False
     devices: Any = None  # the YAML node; read by the device classes
 
 
@@ -75,10 +79,19 @@ def parse_file(path: str) -> Config:
                 if v not in ("true", "false"):
                     raise BadValue("compat.home_tokens", v, "true or false", cwhere)
                 values["home_tokens"] = v == "true"
+        elif key == "state":
+            for sk, (skn, svn) in _mapping(vnode, path, "state").items():
+                swhere = f"{path}:{skn.start_mark.line + 1}"
+                if sk != "shared":
+                    raise BadValue("key state.", sk, "shared", swhere)
+                v = _scalar(svn, path)
+                if v not in ("true", "false"):
+                    raise BadValue("state.shared", v, "true or false", swhere)
+                values["shared_state"] = v == "true"
         elif key == "devices":
             values["devices"] = vnode
         else:
-            raise BadValue("key", key, "one of cgroups, compat, devices", where)
+            raise BadValue("key", key, "one of cgroups, compat, devices, state", where)
     return Config(**values)
 
 

@@ -403,6 +403,9 @@ class Daemon:
         if not isinstance(d, dict) or not _TREE_ID.fullmatch(str(d.get("tree_id", ""))):
             return None
         tree_id = str(d["tree_id"])
+        grace = float(d.get("grace", 10.0))
+        if not 0 <= grace <= 3600:
+            return None
         leaf = d.get("leaf")
         if leaf is not None:
             leaf = str(leaf)
@@ -419,7 +422,7 @@ class Daemon:
                 return None
             if conn.uid != 0 and st.st_uid != conn.uid:
                 return None
-        return TreeRec(tree_id, leaf, conn.peer.starttime)
+        return TreeRec(tree_id, leaf, conn.peer.starttime, grace)
 
     def _register_tree(self, conn: Conn, msg: Message) -> None:
         s = conn.session
@@ -554,7 +557,8 @@ class Daemon:
             s.lease.state = "ending"
         self._save()
         self._log("session_ending", s, reason=reason)
-        grace = s.lease.grace if s.lease else 10.0
+        # A lease's grace, else the longest its trees asked for (hold run).
+        grace = s.lease.grace if s.lease else max((t.grace for t in s.trees.values()), default=10.0)
         trees = [self._tree_of(s, t) for t in s.trees.values()]
         threading.Thread(target=self._stop_worker, args=(s.session_id, trees, grace),
                          daemon=True).start()  # fmt: skip

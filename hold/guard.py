@@ -23,7 +23,10 @@ from supervisor.identity import ProcessId
 def check(sd: StateDir, cls: str, pid: int | None = None) -> tuple[bool, str]:
     """``(covered, one line saying why)`` for ``pid`` (default: this process)."""
     pid = os.getpid() if pid is None else pid
-    chain = {(st.pid, st.starttime) for st in procscan.ancestors(pid)}
+    # The caller itself counts too: `npu-hold -- hold check` asks about its
+    # parent, which is the holder.
+    me = procscan.stat_of(pid)
+    chain = {(st.pid, st.starttime) for st in [*([me] if me else []), *procscan.ancestors(pid)]}
     mount = v2_mount()
     mine = own_cgroup(pid)
     where = os.path.normpath(mount + mine) if mount and mine else None

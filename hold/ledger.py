@@ -20,12 +20,13 @@ VERSION = 1
 class TreeRec:
     """A tree registered by a client: found by marker and leaf before its root is known."""
 
-    __slots__ = ("leaf", "pgid", "root_pid", "root_start", "sid", "since", "tree_id")
+    __slots__ = ("grace", "leaf", "pgid", "root_pid", "root_start", "sid", "since", "tree_id")
 
-    def __init__(self, tree_id: str, leaf: str | None, since: int) -> None:
+    def __init__(self, tree_id: str, leaf: str | None, since: int, grace: float = 10.0) -> None:
         self.tree_id = tree_id
         self.leaf = leaf
         self.since = since  # no member can have started before this (clock ticks)
+        self.grace = grace  # the stop's grace that the client asked for
         self.root_pid: int | None = None
         self.root_start: int | None = None
         self.pgid: int | None = None
@@ -36,7 +37,7 @@ class TreeRec:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TreeRec:
-        t = cls(d["tree_id"], d["leaf"], d["since"])
+        t = cls(d["tree_id"], d["leaf"], d["since"], float(d.get("grace", 10.0)))
         for k in ("root_pid", "root_start", "pgid", "sid"):
             setattr(t, k, d.get(k))
         return t

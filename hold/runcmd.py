@@ -19,8 +19,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 from supervisor.parse import BadValue, parse_cpus, parse_duration
 
@@ -309,7 +309,9 @@ class Run:
             interactive=is_foreground_tty(0),
         )  # fmt: skip
         leaf = fg.prepare()
-        tree = {"tree_id": tree_id, "leaf": leaf.path if leaf else None}
+        # The grace goes with the tree: the daemon stopping it (if we die)
+        # must allow what the user asked for, lease or not.
+        tree = {"tree_id": tree_id, "leaf": leaf.path if leaf else None, "grace": args.grace}
         try:
             if client is not None and self.spec is not None:
                 code = self._acquire(client, tree, env)
@@ -365,90 +367,145 @@ class Run:
         assert self.spec is not None
         args = self.args
         cls, indices = self.spec
-        label = args.label or os.path.basename(args.command[0])
-        client.send({
-            "op": "acquire", "cls": cls, "indices": indices, "count": args.count or 1,
-            "label": label, "ttl": args.time or DEFAULT_TTL, "grace": args.grace,
-            "wait": not args.no_wait, "tree": tree,
-        })  # fmt: skip
-        start = time.monotonic()
-        deadline = None if args.wait_timeout is None else start + args.wait_timeout
-        shown: object = None
-        latest: dict[str, object] | None = None
-        while True:
-            # Wake at the 1 s mark to say who holds the device; otherwise only
-            # when the daemon tells us something changed.
-            wake = deadline
-            if shown is None and latest is not None:
-                mark = start + 1.0
-                wake = mark if wake is None else min(wake, mark)
-            try:
-                msg = client.recv(wake)
-            except TimeoutError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    self.say(f"{cls} not granted within {args.wait_timeout:g}s; giving up")
-                    return EXIT_BUSY
-                msg = None
-                if latest is not None:
-                    shown = latest
-                    self.say(describe_wait(cls, latest))
-                continue
-            if msg is None:
-                self.say("the ticket daemon closed the connection")
-                return EXIT_TOOL
-            ev = msg.get("ev")
-            if ev == "granted":
-                self.lease = str(msg["lease"])
-                self.expires = float(msg["expires"])
-                devices = [int(i) for i in msg["devices"]]
-                env["HOLD_LEASE"] = self.lease
-                env["HOLD_DEVICES"] = ",".join(f"{cls}:{i}" for i in devices)
-                from hold.config import load
-                from hold.devices import classes_from_config
-
-                cfg = load()
-                for name in classes_from_config(cfg.devices, cfg.path)[cls].visible_env:
-                    env[name] = ",".join(str(i) for i in devices)
-                if shown is not None:
-                    self.say(f"granted {env['HOLD_DEVICES']} (lease {self.lease})")
-                return None
-            if ev == "queued":
-                latest = msg
-                if time.monotonic() - start >= 1.0 and msg != shown:
-                    shown = msg
-                    self.say(describe_wait(cls, msg))
-            elif ev == "busy":
-                self.say(describe_wait(cls, msg, busy=True))
-                return EXIT_BUSY
-            elif ev == "error":
-                self.say(str(msg.get("error")))
-                return int(msg.get("code", EXIT_TOOL))
+        got = acquire_lease(
+            client, self.sd, self.say, cls=cls, indices=indices, count=args.count or 1,
+            label=args.label or os.path.basename(args.command[0]),
+            ttl=args.time or DEFAULT_TTL, grace=args.grace, wait=not args.no_wait,
+            wait_timeout=args.wait_timeout, tree=tree, env=env,
+        )  # fmt: skip
+        if isinstance(got, int):
+            return got
+        self.lease, self.expires = got.lease, got.expires
+        return None
 
     def _on_daemon(self, fd: int) -> Cause | None:
         """A message from the daemon while the command runs: expiry, release, or its loss."""
-        from hold.client import DaemonUnreachable
         from supervisor.foreground import Cause
 
-        client = self.client
-        assert client is not None
-        msgs = client.read_available()
-        if msgs is None:
-            # The daemon went away (crashed, restarted): start one and re-attach.
-            try:
-                ans = client.reattach()
-            except (DaemonUnreachable, OSError, TimeoutError) as e:
-                return Cause("lost", detail=f"lost the ticket daemon and could not re-attach: {e}")
-            if ans.get("ev") != "attached":
-                return Cause("lost", detail=f"the daemon no longer knows this lease: "
-                             f"{ans.get('error')}")  # fmt: skip
-            self.say("re-attached to a restarted ticket daemon")
-            msgs = [ans]
-        for msg in msgs:
-            if msg.get("ev") == "expired":
-                return Cause("expired", detail="the lease's time limit was reached")
-            if msg.get("ev") == "released":
-                return Cause("released", detail=f"lease released by {msg.get('by')}")
-        return None
+        assert self.client is not None
+        ev = daemon_event(self.client, self.say)
+        return Cause(ev[0], detail=ev[1]) if ev is not None else None
+
+
+class Granted(NamedTuple):
+    lease: str
+    expires: float  # wall clock
+    devices: list[int]
+
+
+def acquire_lease(
+    client: Client,
+    sd: StateDir,
+    say: Callable[[str], None],
+    *,
+    cls: str,
+    indices: tuple[int, ...] | None,
+    count: int,
+    label: str,
+    ttl: float,
+    grace: float,
+    wait: bool,
+    wait_timeout: float | None,
+    tree: Mapping[str, object] | None,
+    env: dict[str, str],
+) -> Granted | int:
+    """Ask for a lease and wait in line (saying who holds the device after 1 s).
+
+    Returns the grant, with the lease's variables added to ``env``
+    (``HOLD_LEASE``, ``HOLD_DEVICES``, the class's visible-devices
+    variables), or an exit status: 75 (busy, or not granted within
+    ``wait_timeout``), 125 (daemon gone), or the daemon's refusal code.
+    Shared by ``hold run``/``npu-hold`` and ``hold up``.
+    """
+    client.send({
+        "op": "acquire", "cls": cls, "indices": indices, "count": count,
+        "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
+    })  # fmt: skip
+    start = time.monotonic()
+    deadline = None if wait_timeout is None else start + wait_timeout
+    shown: object = None
+    latest: dict[str, object] | None = None
+    while True:
+        # Wake at the 1 s mark to say who holds the device; otherwise only
+        # when the daemon tells us something changed.
+        wake = deadline
+        if shown is None and latest is not None:
+            mark = start + 1.0
+            wake = mark if wake is None else min(wake, mark)
+        try:
+            msg = client.recv(wake)
+        except TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                say(f"{cls} not granted within {wait_timeout:g}s; giving up")
+                return EXIT_BUSY
+            msg = None
+            if latest is not None:
+                shown = latest
+                say(describe_wait(cls, latest))
+            continue
+        if msg is None:
+            say("the ticket daemon closed the connection")
+            return EXIT_TOOL
+        ev = msg.get("ev")
+        if ev == "granted":
+            lease = str(msg["lease"])
+            devices = [int(i) for i in msg["devices"]]
+            env["HOLD_LEASE"] = lease
+            env["HOLD_DEVICES"] = ",".join(f"{cls}:{i}" for i in devices)
+            # `hold check` inside the lease must ask this state directory
+            # (and know this configuration's classes): the allowlist drops
+            # HOLD_STATE_DIR, HOLD_CONFIG and XDG_RUNTIME_DIR, and without
+            # them it would look in the default place and answer "no".
+            env.setdefault("HOLD_STATE_DIR", sd.path)
+            if os.environ.get("HOLD_CONFIG"):
+                env.setdefault("HOLD_CONFIG", os.environ["HOLD_CONFIG"])
+            from hold.config import load
+            from hold.devices import classes_from_config
+
+            cfg = load()
+            for name in classes_from_config(cfg.devices, cfg.path)[cls].visible_env:
+                env[name] = ",".join(str(i) for i in devices)
+            if shown is not None:
+                say(f"granted {env['HOLD_DEVICES']} (lease {lease})")
+            return Granted(lease, float(msg["expires"]), devices)
+        if ev == "queued":
+            latest = msg
+            if time.monotonic() - start >= 1.0 and msg != shown:
+                shown = msg
+                say(describe_wait(cls, msg))
+        elif ev == "busy":
+            say(describe_wait(cls, msg, busy=True))
+            return EXIT_BUSY
+        elif ev == "error":
+            say(str(msg.get("error")))
+            return int(msg.get("code", EXIT_TOOL))
+
+
+def daemon_event(client: Client, say: Callable[[str], None]) -> tuple[str, str] | None:
+    """What a message from the daemon means for a running lease holder:
+    ``("expired" | "released" | "lost", detail)``, or None (nothing to do).
+
+    If the daemon went away (crashed, restarted), one is started and the
+    session re-attached; "lost" if that fails.
+    """
+    from hold.client import DaemonUnreachable
+
+    msgs = client.read_available()
+    if msgs is None:
+        try:
+            ans = client.reattach()
+        except (DaemonUnreachable, OSError, TimeoutError) as e:
+            return ("lost", f"lost the ticket daemon and could not re-attach: {e}")
+        if ans.get("ev") != "attached":
+            return ("lost", f"the daemon no longer knows this lease: {ans.get('error')}")
+        say("re-attached to a restarted ticket daemon")
+        msgs = [ans]
+    for msg in msgs:
+        if msg.get("ev") == "expired":
+            return ("expired", "the lease's time limit was reached")
+        if msg.get("ev") == "released":
+            return ("released", f"lease released by {msg.get('by')}")
+    return None
 
 
 def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:

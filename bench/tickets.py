@@ -1,0 +1,243 @@
+"""The benchmark of issue 3: what a ticket costs, how fast it changes hands, what
+an idle daemon costs.
+
+    .venv/bin/python -m bench.tickets                # defaults (about 2 minutes)
+    .venv/bin/python -m bench.tickets --idle 10      # a quicker idle measurement
+
+Three parts, side by side in one run against the baselines the issue names:
+
+1. **Uncontended start-up**: ``npu-hold -- true`` (a daemon already running)
+   against ``flock FILE true`` and ``python3 -c "import click"``, interleaved
+   round-robin so noise spreads over all of them.
+2. **Handoff latency** with 20 contending clients: the time from one holder's
+   release to the next holder's grant, measured inside the clients with
+   CLOCK_MONOTONIC (one clock for the whole machine). Three ways of taking
+   turns: the daemon (a client connects, asks, is granted, releases by
+   closing), ``flock(2)`` on one file (what ``flock(1)`` does), and the
+   ``filelock`` package. The daemon is measured twice: a bare lease, and a
+   lease with a registered tree, as ``npu-hold`` registers one (the release
+   then includes the survivor check over that tree).
+3. **Idle daemon**: RSS, and CPU time over ``--idle`` seconds (default 60)
+   with 5 leases held: an idle daemon must not wake up periodically.
+
+Medians, p90/p99 by nearest rank, ratios; markdown table and JSON in
+``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.run import loadavg, machine, median, percentile
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+VENV_BIN = Path(sys.executable).parent
+
+# A contender: waits at a barrier file, takes its turn, records
+# (granted, released) on stdout. Run as its own process, like a real client.
+CONTENDER = r"""
+import os, sys, time, json
+mode, path, barrier, tree = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+while not os.path.exists(barrier):
+    time.sleep(0.001)
+if mode == "daemon":
+    from hold.client import Client
+    from hold.statedir import open_state_dir
+    c = Client.connect(open_state_dir())
+    c.open_session()
+    msg = {"op": "acquire", "cls": "npu", "count": 1, "label": "bench", "ttl": 600,
+           "grace": 1, "wait": True}
+    if tree:
+        msg["tree"] = {"tree_id": os.urandom(6).hex(), "leaf": None}
+    c.send(msg)
+    while True:
+        m = c.recv(time.monotonic() + 120)
+        if m is None or m.get("ev") == "granted":
+            break
+    granted = time.monotonic()
+    released = time.monotonic()
+    c.close()
+elif mode == "flock":
+    import fcntl
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    granted = time.monotonic()
+    released = time.monotonic()
+    fcntl.flock(fd, fcntl.LOCK_UN)
+else:
+    import filelock
+    lock = filelock.FileLock(path)
+    lock.acquire()
+    granted = time.monotonic()
+    released = time.monotonic()
+    lock.release()
+print(json.dumps([granted, released]))
+"""
+
+
+def handoffs(mode: str, clients: int, workdir: Path, env: dict[str, str], tree: bool) -> list[float]:
+    """Release-to-next-grant gaps (seconds) for ``clients`` contenders taking turns."""
+    barrier = workdir / f"go-{mode}-{tree}"
+    lockfile = workdir / f"lock-{mode}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONTENDER, mode, str(lockfile), str(barrier), "1" if tree else "0"],
+            stdout=subprocess.PIPE, env=env, text=True,
+        )  # fmt: skip
+        for _ in range(clients)
+    ]
+    # Everyone imported and waiting at the barrier before the race starts.
+    time.sleep(2.0 if mode == "daemon" else 1.0)
+    barrier.touch()
+    turns = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        turns.append(json.loads(out))
+    turns.sort()
+    # Only the gaps where someone was waiting: all contenders are queued once
+    # the first holds, so every later grant follows a release.
+    return [nxt[0] - prev[1] for prev, nxt in zip(turns, turns[1:], strict=False)]
+
+
+def start_times(runs: int, workdir: Path, env: dict[str, str]) -> dict[str, list[float]]:
+    lockfile = workdir / "flock-file"
+    lockfile.touch()
+    commands = {
+        "npu-hold -- true": [str(VENV_BIN / "npu-hold"), "--", "true"],
+        "flock FILE true": ["flock", str(lockfile), "true"],
+        'python3 -c "import click"': [sys.executable, "-c", "import click"],
+        "python3 -c pass": [sys.executable, "-c", "pass"],
+    }
+    out: dict[str, list[float]] = {k: [] for k in commands}
+    for name, argv in commands.items():  # warm caches once
+        subprocess.run(argv, env=env, check=True, capture_output=True)
+    for i in range(runs):
+        names = list(commands)
+        names = names[i % len(names) :] + names[: i % len(names)]
+        for name in names:
+            t = time.perf_counter()
+            subprocess.run(commands[name], env=env, check=True, capture_output=True)
+            out[name].append(time.perf_counter() - t)
+    return out
+
+
+def idle_daemon(seconds: float, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """RSS and CPU of the daemon over ``seconds`` with 5 leases held (5 device class)."""
+    for i in range(5):
+        (workdir / f"dev{i}").touch()
+    holders = [
+        subprocess.Popen([str(VENV_BIN / "hold"), "run", "--device", f"bench:{i}", "--", "sleep",
+                          str(int(seconds) + 30)], env=env)  # fmt: skip
+        for i in range(5)
+    ]
+    try:
+        state = Path(env["HOLD_STATE_DIR"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            res = subprocess.run([str(VENV_BIN / "hold"), "status", "--json"], env=env,
+                                 capture_output=True, text=True)  # fmt: skip
+            if res.returncode == 0:
+                devs = json.loads(res.stdout)["bench"]["devices"]
+                if all(d["holder"] for d in devs):
+                    break
+            time.sleep(0.2)
+        pid = int((state / "daemon.lock").read_text())
+        time.sleep(1.0)
+        cpu0 = _cpu(pid)
+        time.sleep(seconds)
+        cpu1 = _cpu(pid)
+        rss = _rss(pid)
+    finally:
+        for h in holders:
+            h.terminate()
+        for h in holders:
+            h.wait(timeout=60)
+    return {"seconds": seconds, "cpu_ms": round((cpu1 - cpu0) * 1000, 2), "rss_mb": rss}
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return -1.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30, help="start-up runs per command")
+    ap.add_argument("--clients", type=int, default=20, help="contenders for the handoff")
+    ap.add_argument("--rounds", type=int, default=3, help="handoff races per method")
+    ap.add_argument("--idle", type=float, default=60.0, help="idle measurement, seconds")
+    ap.add_argument("--name", default=time.strftime("tickets-%Y%m%d-%H%M%S"))
+    args = ap.parse_args(argv)
+
+    result: dict[str, Any] = {"machine": machine(), "load_start": loadavg()}
+    with tempfile.TemporaryDirectory(prefix="hold-bench-") as tmp:
+        work = Path(tmp)
+        config = work / "config.yaml"
+        config.write_text(f'devices:\n  bench:\n    nodes: ["{work}/dev*"]\n')
+        env = dict(os.environ, HOLD_STATE_DIR=str(work / "state"), HOLD_CONFIG=str(config),
+                   PYTHONDONTWRITEBYTECODE="")  # fmt: skip
+        # Start-up runs without a configuration file (as most machines run).
+        plain_env = {k: v for k, v in env.items() if k != "HOLD_CONFIG"}
+        plain_env["HOLD_STATE_DIR"] = str(work / "plain-state")
+        try:
+            starts = start_times(args.runs, work, plain_env)
+            result["start"] = {k: [round(x * 1000, 3) for x in v] for k, v in starts.items()}
+            hand: dict[str, list[float]] = {}
+            for name, mode, tree in (("daemon, bare lease", "daemon", False),
+                                     ("daemon, lease + tree", "daemon", True),
+                                     ("flock(2)", "flock", False),
+                                     ("filelock", "filelock", False)):  # fmt: skip
+                gaps: list[float] = []
+                for _ in range(args.rounds):
+                    gaps += handoffs(mode, args.clients, work, plain_env, tree)
+                hand[name] = [round(g * 1000, 3) for g in gaps]
+            result["handoff_ms"] = hand
+            result["idle"] = idle_daemon(args.idle, work, env)
+        finally:
+            for state in ("state", "plain-state"):
+                lock = work / state / "daemon.lock"
+                if lock.exists():
+                    subprocess.run(["kill", lock.read_text().strip()], check=False)
+    result["load_end"] = loadavg()
+    print(table(result))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def table(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    lines = [f"Machine: {m}; load {r['load_start']} -> {r['load_end']}", ""]
+    base = median(r["start"]['python3 -c "import click"'])
+    lines += ["| command | median ms | p90 ms | x import click |", "| --- | ---: | ---: | ---: |"]
+    for name, v in r["start"].items():
+        lines.append(f"| `{name}` | {median(v):.1f} | {percentile(v, 90):.1f} | "
+                     f"{median(v) / base:.2f} |")  # fmt: skip
+    lines += ["", f"Handoff, {len(next(iter(r['handoff_ms'].values())))} gaps each:", "",
+              "| method | p50 ms | p99 ms | max ms |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    for name, v in r["handoff_ms"].items():
+        lines.append(f"| {name} | {median(v):.2f} | {percentile(v, 99):.2f} | {max(v):.2f} |")
+    i = r["idle"]
+    lines += ["", f"Idle daemon with 5 leases: {i['cpu_ms']} ms CPU in {i['seconds']:g} s; "
+              f"RSS {i['rss_mb']} MB"]  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
