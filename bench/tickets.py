@@ -27,6 +27,7 @@ Medians, p90/p99 by nearest rank, ratios; markdown table and JSON in
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -84,15 +85,27 @@ print(json.dumps([granted, released]))
 """
 
 
-def handoffs(mode: str, clients: int, workdir: Path, env: dict[str, str], tree: bool) -> list[float]:
+def handoffs(
+    mode: str, clients: int, workdir: Path, env: dict[str, str], tree: bool
+) -> list[float]:
     """Release-to-next-grant gaps (seconds) for ``clients`` contenders taking turns."""
     barrier = workdir / f"go-{mode}-{tree}"
     lockfile = workdir / f"lock-{mode}"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CONTENDER, mode, str(lockfile), str(barrier), "1" if tree else "0"],
-            stdout=subprocess.PIPE, env=env, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                CONTENDER,
+                mode,
+                str(lockfile),
+                str(barrier),
+                "1" if tree else "0",
+            ],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         for _ in range(clients)
     ]
     # Everyone imported and waiting at the barrier before the race starts.
@@ -105,7 +118,7 @@ def handoffs(mode: str, clients: int, workdir: Path, env: dict[str, str], tree: 
     turns.sort()
     # Only the gaps where someone was waiting: all contenders are queued once
     # the first holds, so every later grant follows a release.
-    return [nxt[0] - prev[1] for prev, nxt in zip(turns, turns[1:], strict=False)]
+    return [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(turns)]
 
 
 def start_times(runs: int, workdir: Path, env: dict[str, str]) -> dict[str, list[float]]:
@@ -118,7 +131,7 @@ def start_times(runs: int, workdir: Path, env: dict[str, str]) -> dict[str, list
         "python3 -c pass": [sys.executable, "-c", "pass"],
     }
     out: dict[str, list[float]] = {k: [] for k in commands}
-    for name, argv in commands.items():  # warm caches once
+    for argv in commands.values():  # warm caches once
         subprocess.run(argv, env=env, check=True, capture_output=True)
     for i in range(runs):
         names = list(commands)
@@ -135,8 +148,18 @@ def idle_daemon(seconds: float, workdir: Path, env: dict[str, str]) -> dict[str,
     for i in range(5):
         (workdir / f"dev{i}").touch()
     holders = [
-        subprocess.Popen([str(VENV_BIN / "hold"), "run", "--device", f"bench:{i}", "--", "sleep",
-                          str(int(seconds) + 30)], env=env)  # fmt: skip
+        subprocess.Popen(
+            [
+                str(VENV_BIN / "hold"),
+                "run",
+                "--device",
+                f"bench:{i}",
+                "--",
+                "sleep",
+                str(int(seconds) + 30),
+            ],
+            env=env,
+        )
         for i in range(5)
     ]
     try:

@@ -280,8 +280,18 @@ class Verdict(NamedTuple):
     why: str
 
 
-def attribute(h: Holder, leases: list[LeaseView], procs: dict[int, Stat]) -> Verdict:
-    """Which lease covers ``h``, and how; or why it is stray."""
+def attribute(
+    h: Holder,
+    leases: list[LeaseView],
+    procs: dict[int, Stat],
+    ended: list[dict[str, Any]] | None = None,
+) -> Verdict:
+    """Which lease covers ``h``, and how; or why it is stray.
+
+    ``ended``: leases that ended (the daemon's ``ended.json``), to name the
+    lease a stray outlived. That match may use the ``HOLD_TREE`` marker: it
+    only explains a stray, it never covers anything.
+    """
     chain = {(a.pid, a.starttime) for a in _ancestors(h.pid, procs)}
     chain.add((h.pid, h.starttime))
     where = _cgroup_dir(h.pid)
@@ -308,6 +318,11 @@ def attribute(h: Holder, leases: list[LeaseView], procs: dict[int, Stat]) -> Ver
             return Verdict(False, lv.lease, lv.label, why)
         return Verdict(False, lv.lease, lv.label,
                        f"lease {lv.lease} is for {lv.cls}, not {h.cls}")  # fmt: skip
+    past = _outlived(h, where, ended or [])
+    if past is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(past["ended"])))
+        why = f"lease {past['lease']} ended at {when}; this process outlived it"
+        return Verdict(False, past["lease"], past["label"], why)
     dev = h.cls if h.unit is None else f"{h.cls}:{h.unit}"
     on_it = [lv for lv in leases if lv.cls == h.cls and lv.alive
              and (h.unit is None or h.unit in lv.devices)]  # fmt: skip
@@ -315,6 +330,35 @@ def attribute(h: Holder, leases: list[LeaseView], procs: dict[int, Stat]) -> Ver
         return Verdict(False, None, None, f"no live lease on {dev}")
     names = ", ".join(f"{lv.lease} (holder pid {lv.holder_pid})" for lv in on_it)
     return Verdict(False, None, None, f"not in the tree of {dev}'s lease {names}")
+
+
+def _outlived(h: Holder, where: str | None, ended: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ended lease whose tree ``h`` belonged to (by marker or leaf), if any."""
+    if not ended:
+        return None
+    environ = _read(f"/proc/{h.pid}/environ")
+    marker = None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"HOLD_TREE="):
+            marker = entry[10:].decode(errors="replace")
+    rec: dict[str, Any]
+    for rec in reversed(ended):
+        if marker is not None and marker in (rec.get("trees") or []):
+            return rec
+        leaves = rec.get("leaves") or []
+        if where is not None and any(where == lf or where.startswith(lf + "/") for lf in leaves):
+            return rec
+    return None
+
+
+def ended_leases(sd: StateDir) -> list[dict[str, Any]]:
+    """The daemon's record of recently ended leases (empty if none)."""
+    try:
+        with open(os.path.join(sd.path, "ended.json"), "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []
 
 
 def _ancestors(pid: int, procs: dict[int, Stat]) -> list[Stat]:
@@ -455,11 +499,12 @@ def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None
     result = scan(tgts)
     procs = procscan.snapshot()
     leases = live_leases(sd)
+    ended = ended_leases(sd)
     mem = device_memory(result.holders)
     rows = []
     for h in sorted(result.holders, key=lambda h: (h.cls, -1 if h.unit is None else h.unit,
                                                    h.pid)):  # fmt: skip
-        v = attribute(h, leases, procs)
+        v = attribute(h, leases, procs, ended)
         try:
             user = pwd.getpwuid(h.uid).pw_name
         except KeyError:

@@ -69,7 +69,13 @@ def daemon_cmd(detach: bool) -> None:
         # The client that started us reaps this first process at once; the
         # daemon itself is orphaned and never anyone's zombie.
         os._exit(0)
-    daemon = Daemon(sd, classes, shared=cfg.shared_state, home_tokens=cfg.home_tokens)
+    daemon = Daemon(
+        sd,
+        classes,
+        shared=cfg.shared_state,
+        home_tokens=cfg.home_tokens,
+        grant_busy=cfg.busy_devices,
+    )
     raise SystemExit(daemon.serve())
 
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from supervisor.parse import BadValue
 
 CGROUP_MODES = ("auto", "off", "required")
+BUSY_MODES = ("wait", "warn")
 
 
 class Config(NamedTuple):
@@ -27,6 +28,9 @@ class Config(NamedTuple):
     # state directory is made 0755 and the socket 0666; who may do what is
     # still decided from each client's SO_PEERCRED.
     shared_state: bool = False
+    # A device held by a process outside any lease: "wait" (not granted until
+    # it is empty) or "warn" (granted, and the client is told who holds it).
+    busy_devices: str = "wait"
     devices: Any = None  # the YAML node; read by the device classes
 
 
@@ -88,10 +92,17 @@ def parse_file(path: str) -> Config:
                 if v not in ("true", "false"):
                     raise BadValue("state.shared", v, "true or false", swhere)
                 values["shared_state"] = v == "true"
+        elif key == "busy_devices":
+            mode = _scalar(vnode, path)
+            if mode not in BUSY_MODES:
+                raise BadValue("busy_devices", mode, "one of " + ", ".join(BUSY_MODES), where)
+            values["busy_devices"] = mode
         elif key == "devices":
             values["devices"] = vnode
         else:
-            raise BadValue("key", key, "one of cgroups, compat, devices, state", where)
+            raise BadValue(
+                "key", key, "one of busy_devices, cgroups, compat, devices, state", where
+            )
     return Config(**values)
 
 

@@ -21,6 +21,7 @@ uid may signal.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pwd
 import queue
@@ -35,7 +36,7 @@ import threading
 import time
 from typing import Any
 
-from hold import ledger
+from hold import ledger, occupancy
 from hold.devices import DeviceClass
 from hold.ledger import Lease, SessionRec, TreeRec
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
@@ -49,6 +50,8 @@ from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree, signalable_by
 
 SO_PEERPIDFD = 77  # Linux 6.5; not yet in Python's socket module
+RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
+ENDED_KEPT = 200  # ended leases remembered for the audit
 _TREE_ID = re.compile(r"[0-9a-f]{8,32}")
 MAX_LABEL = 200
 
@@ -91,7 +94,7 @@ class Log:
 class Request:
     """A client waiting in line for devices of one class."""
 
-    __slots__ = ("conn", "count", "grace", "indices", "label", "seq", "tree", "ttl")
+    __slots__ = ("checking", "conn", "count", "grace", "indices", "label", "seq", "tree", "ttl")
 
     def __init__(self, conn: Conn, seq: int, count: int, indices: tuple[int, ...] | None,
                  label: str, ttl: float, grace: float, tree: TreeRec | None) -> None:  # fmt: skip
@@ -103,6 +106,7 @@ class Request:
         self.ttl = ttl
         self.grace = grace
         self.tree = tree
+        self.checking: list[int] | None = None  # devices being checked empty for it
 
 
 class Conn:
@@ -136,7 +140,7 @@ def _user(uid: int) -> str:
 
 class Daemon:
     def __init__(self, sd: StateDir, classes: dict[str, DeviceClass], *, shared: bool = False,
-                 home_tokens: bool = False) -> None:  # fmt: skip
+                 home_tokens: bool = False, grant_busy: str = "wait") -> None:  # fmt: skip
         self.sd = sd
         self.classes = classes
         self.sizes = {name: c.size() for name, c in classes.items()}
@@ -151,11 +155,25 @@ class Daemon:
         self.release_waiters: dict[str, list[Conn]] = {}
         self.kill_at: dict[str, float] = {}  # session id -> monotonic deadline
         self.watch: dict[int, str] = {}  # pidfd of a detached owner -> session id
-        self.done: queue.SimpleQueue[tuple[str, list[StopReport]]] = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[tuple[str, list[StopReport], dict[int, Any]]] = (
+            queue.SimpleQueue()
+        )
         self.seq = 0
         self.stopping = False
         self.log: Log | None = None
         self.cg_mount = v2_mount()
+        # Occupancy (see hold.occupancy): a device is scanned before each
+        # grant; one held outside any lease is "blocked" until its holders
+        # exit (their pidfds wake us) or a slow re-check finds it empty.
+        self.grant_busy = grant_busy  # "wait" (the default) or "warn"
+        self.scanned = {name: occupancy.has_nodes(c) for name, c in classes.items()}
+        self.verifying: dict[tuple[str, int], Request] = {}
+        self.blocked: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self.blocker_fds: dict[int, tuple[str, int]] = {}
+        self.recheck_at: float | None = None
+        self.checks: queue.SimpleQueue[tuple[Request, str, list[int], dict[int, Any]]] = (
+            queue.SimpleQueue()
+        )
 
     # ------------------------------------------------------------------ life
 
@@ -197,6 +215,9 @@ class Daemon:
                         _drain(wake_r)
                     elif kind == "owner":
                         self._on_owner_exit(key.fd)
+                    elif kind == "blocker":
+                        self._on_blocker_exit(key.fd)
+                self._finish_checks()
                 self._finish_stops()
                 self._run_timers()
         finally:
@@ -485,11 +506,93 @@ class Daemon:
 
     def _schedule(self, cls: str) -> None:
         q = self.queues[cls]
-        free = [i for i in range(self.sizes[cls]) if (cls, i) not in self.held]
-        for pos, devices in reversed(plan(free, q)):
-            req = q.pop(pos)
-            self._grant(cls, req, devices)
+        busy = set(self.held) | set(self.verifying) | set(self.blocked)
+        free = [i for i in range(self.sizes[cls]) if (cls, i) not in busy]
+        waiting = [r for r in q if r.checking is None]
+        for pos, devices in reversed(plan(free, waiting)):
+            req = waiting[pos]
+            if self.scanned[cls]:
+                self._verify(cls, req, devices)
+            else:
+                q.remove(req)
+                self._grant(cls, req, devices)
         self._notify_queue(cls)
+
+    # ------------------------------------------------------------ occupancy
+
+    def _verify(self, cls: str, req: Request, devices: list[int]) -> None:
+        """Scan ``devices`` in a worker before granting them to ``req``."""
+        req.checking = devices
+        for i in devices:
+            self.verifying[(cls, i)] = req
+
+        def work() -> None:
+            try:
+                found = occupancy.holders_of(self.classes[cls], devices)
+            except Exception as e:  # a failed scan must not grant a device blindly
+                found = {devices[0]: [{"pid": 0, "user": "?", "command": f"scan failed: {e!r}",
+                                       "starttime": 0, "memory_bytes": None}]}  # fmt: skip
+            self.checks.put((req, cls, devices, found))
+            os.write(self._wake_w, b"c")
+
+        threading.Thread(target=work, daemon=True).start()
+
+    def _finish_checks(self) -> None:
+        while True:
+            try:
+                req, cls, devices, found = self.checks.get_nowait()
+            except queue.Empty:
+                return
+            for i in devices:
+                self.verifying.pop((cls, i), None)
+            req.checking = None
+            q = self.queues[cls]
+            if req not in q:  # the client left meanwhile
+                self._schedule(cls)
+                continue
+            if found and self.grant_busy == "wait":
+                for i, holders in found.items():
+                    self._block(cls, i, holders)
+                if req.conn.session is not None:
+                    self._log("grant_blocked", req.conn.session, devices=devices,
+                              holders={str(i): h for i, h in found.items()})  # fmt: skip
+                self._schedule(cls)
+                continue
+            if found:
+                busy = [{"index": i, "holders": h} for i, h in found.items()]
+                req.conn.send({"ev": "warning", "cls": cls, "blocked": busy})
+            q.remove(req)
+            self._grant(cls, req, devices)
+            self._schedule(cls)
+
+    def _block(self, cls: str, index: int, holders: list[dict[str, Any]]) -> None:
+        """Keep ``cls:index`` from being granted until its holders are gone."""
+        self.blocked[(cls, index)] = holders
+        for h in holders:
+            try:
+                fd = os.pidfd_open(int(h["pid"]))
+            except OSError:
+                continue  # gone already: the re-check below will see it
+            self.blocker_fds[fd] = (cls, index)
+            self.sel.register(fd, selectors.EVENT_READ, ("blocker", None))
+        # A holder may close the node without exiting; look again now and then.
+        self.recheck_at = time.monotonic() + RECHECK_BLOCKED
+
+    def _unblock(self, key: tuple[str, int]) -> None:
+        self.blocked.pop(key, None)
+        for fd, k in list(self.blocker_fds.items()):
+            if k == key:
+                self.sel.unregister(fd)
+                os.close(fd)
+                del self.blocker_fds[fd]
+        if not self.blocked:
+            self.recheck_at = None
+
+    def _on_blocker_exit(self, fd: int) -> None:
+        key = self.blocker_fds.get(fd)
+        if key is not None:
+            self._unblock(key)  # the next grant scans it again
+            self._schedule(key[0])
 
     def _grant(self, cls: str, req: Request, devices: list[int]) -> None:
         conn = req.conn
@@ -513,7 +616,12 @@ class Daemon:
             s.lease = None
             for i in devices:
                 del self.held[(cls, i)]
+                try:
+                    remove_owned(self.sd.token(cls, i), self.sd.path)
+                except (UnsafePath, OSError):
+                    pass  # the symlink we refused to write through stays as it was
             self._save()
+            self._schedule(cls)
             return
         self._log("granted", s, label=req.label, devices=devices, expires=lease.expires)
         conn.send({"ev": "granted", "lease": lease.lease_id, "cls": cls, "devices": devices,
@@ -522,7 +630,10 @@ class Daemon:
     def _holders_note(self, cls: str, req: Request) -> dict[str, Any]:
         q = self.queues[cls]
         position = q.index(req) + 1 if req in q else 0
-        return {"cls": cls, "position": position, "holders": self._holders(cls)}
+        blocked = [{"index": i, "holders": h} for (c, i), h in sorted(self.blocked.items())
+                   if c == cls]  # fmt: skip
+        return {"cls": cls, "position": position, "holders": self._holders(cls),
+                "blocked": blocked}  # fmt: skip
 
     def _holders(self, cls: str) -> list[dict[str, Any]]:
         out = []
@@ -560,8 +671,10 @@ class Daemon:
         # A lease's grace, else the longest its trees asked for (hold run).
         grace = s.lease.grace if s.lease else max((t.grace for t in s.trees.values()), default=10.0)
         trees = [self._tree_of(s, t) for t in s.trees.values()]
-        threading.Thread(target=self._stop_worker, args=(s.session_id, trees, grace),
-                         daemon=True).start()  # fmt: skip
+        devices = (s.lease.cls, s.lease.devices) if s.lease and self.scanned[s.lease.cls] else None
+        uid = s.uid if os.geteuid() == 0 and s.uid != 0 else None
+        args = (s.session_id, trees, grace, devices, uid)
+        threading.Thread(target=self._stop_worker, args=args, daemon=True).start()
 
     def _tree_of(self, s: SessionRec, t: TreeRec) -> Tree:
         root = ProcessId(t.root_pid, t.root_start) if t.root_pid and t.root_start else None
@@ -573,8 +686,10 @@ class Daemon:
             uid=s.uid if os.geteuid() == 0 and s.uid != 0 else None,
         )  # fmt: skip
 
-    def _stop_worker(self, sid: str, trees: list[Tree], grace: float) -> None:
+    def _stop_worker(self, sid: str, trees: list[Tree], grace: float,
+                     devices: tuple[str, list[int]] | None, uid: int | None) -> None:  # fmt: skip
         reports = []
+        left: dict[int, Any] = {}
         for tree in trees:
             try:
                 report = stop_tree(tree, grace=grace)
@@ -585,13 +700,24 @@ class Daemon:
             except Exception as e:  # never let a stop kill the daemon silently
                 assert self.log is not None
                 self.log.error("stop_failed", session=sid, tree=tree.tree_id, error=repr(e))
-        self.done.put((sid, reports))
+        if devices is not None:
+            # Whoever still holds the lease's devices is a survivor of the
+            # lease (started inside it, or slipped in during it): stopped
+            # before anyone else is granted them.
+            try:
+                more, left = occupancy.stop_leftovers(self.classes[devices[0]], devices[1],
+                                                      uid=uid, grace=grace)  # fmt: skip
+                reports += more
+            except Exception as e:
+                assert self.log is not None
+                self.log.error("leftover_scan_failed", session=sid, error=repr(e))
+        self.done.put((sid, reports, left))
         os.write(self._wake_w, b"d")
 
     def _finish_stops(self) -> None:
         while True:
             try:
-                sid, reports = self.done.get_nowait()
+                sid, reports, left = self.done.get_nowait()
             except queue.Empty:
                 return
             s = self.sessions.pop(sid, None)
@@ -608,6 +734,12 @@ class Daemon:
                 self._remove_tokens(s)
                 for i in s.lease.devices:
                     self.held.pop((s.lease.cls, i), None)
+                for i, holders in left.items():
+                    # Could not be stopped (another user's, unkillable): the
+                    # device stays out of reach until they are gone.
+                    self._block(s.lease.cls, i, holders)
+                    self._log("device_still_held", s, device=i, holders=holders)
+                self._remember(s)
             self._save()
             self._log("session_ended", s)
             for waiter in self.release_waiters.pop(sid, []):
@@ -625,10 +757,17 @@ class Daemon:
             if s.lease is not None and s.lease.state == "active"
         ]
         deadlines += [t - now_mono for t in self.kill_at.values()]
+        if self.recheck_at is not None:
+            deadlines.append(self.recheck_at - now_mono)
         return max(0.0, min(deadlines)) if deadlines else None
 
     def _run_timers(self) -> None:
         now_wall, now_mono = time.time(), time.monotonic()
+        if self.recheck_at is not None and self.recheck_at <= now_mono:
+            for key in list(self.blocked):
+                self._unblock(key)
+            for cls in self.classes:
+                self._schedule(cls)
         for s in list(self.sessions.values()):
             lease = s.lease
             if lease is not None and lease.state == "active" and lease.expires <= now_wall:
@@ -692,7 +831,24 @@ class Daemon:
             "uid": s.uid, "user": s.user, "granted": lease.granted, "expires": lease.expires,
             "command_pid": roots[0] if roots else None,
             "leaves": [t.leaf for t in s.trees.values() if t.leaf],
+            "trees": list(s.trees),
         }  # fmt: skip
+
+    def _remember(self, s: SessionRec) -> None:
+        """Keep the last leases that ended, so the audit can say whose a stray was."""
+        assert s.lease is not None
+        path = os.path.join(self.sd.path, "ended.json")
+        try:
+            with open(path, "rb") as f:
+                past = json.loads(f.read())
+        except (OSError, ValueError):
+            past = []
+        past.append({**self._record(s), "ended": time.time(),
+                     "trees": list(s.trees)})  # fmt: skip
+        try:
+            write_atomic(path, json.dumps(past[-ENDED_KEPT:]).encode(), 0o644)
+        except (UnsafePath, OSError) as e:
+            self._log("history_not_written", s, error=str(e))
 
     def _write_tokens(self, s: SessionRec) -> None:
         assert s.lease is not None

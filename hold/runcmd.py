@@ -476,6 +476,8 @@ def acquire_lease(
         elif ev == "busy":
             say(describe_wait(cls, msg, busy=True))
             return EXIT_BUSY
+        elif ev == "warning":
+            say("warning: granted although " + describe_wait(cls, msg, busy=True))
         elif ev == "error":
             say(str(msg.get("error")))
             return int(msg.get("code", EXIT_TOOL))
@@ -519,6 +521,14 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         devs = ",".join(str(d) for d in h["devices"])
         parts.append(f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
                      f"user {h['user']}) for {_age(since)}, until {until}")  # fmt: skip
+    blocked = note.get("blocked") or []
+    assert isinstance(blocked, list)
+    for b in blocked:
+        for h in b["holders"]:
+            mem = h.get("memory_bytes")
+            used = f", {mem / 2**30:.1f} GiB on the device" if mem else ""
+            parts.append(f"{cls}:{b['index']} held OUTSIDE any lease by pid {h['pid']} (user "
+                         f"{h['user']}: {h['command'][:60]}{used})")  # fmt: skip
     who = "; ".join(parts) or f"{cls} is being freed"
     if busy:
         return f"{cls} is taken: {who}"

@@ -1,0 +1,83 @@
+"""Is a device empty? The audit's scan, as the daemon uses it around every grant.
+
+Nobody is handed a device that is not empty. Before a grant, the device's own
+nodes are scanned (not the class's shared control nodes, which every user of
+the class opens); a process holding one is outside any lease, since the device
+is not leased, and the grant waits for it. At the end of a lease, a process
+still holding the lease's devices is a survivor of that lease: its tree is
+stopped before the next grant.
+
+Both run in the daemon's worker threads: a scan of a large machine takes a
+good fraction of a second and must not stall the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import Any
+
+from hold.audit import Holder, device_memory, procscan_cmdline, scan, targets
+from hold.devices import DeviceClass
+from supervisor import procscan
+from supervisor.identity import ProcessId
+from supervisor.stop import StopReport, stop_tree
+from supervisor.tree import Tree
+
+
+def has_nodes(cls: DeviceClass) -> bool:
+    """False for a class with only its logical device (nothing to scan)."""
+    return bool(cls.device_nodes())
+
+
+def holders_of(cls: DeviceClass, devices: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """device index -> who holds one of its nodes now (pid, user, command, memory)."""
+    tgts = {k: t for k, t in targets({cls.name: cls}, cls.name).items()
+            if t.unit is not None and t.unit in devices}  # fmt: skip
+    if not tgts:
+        return {}
+    found = scan(tgts).holders
+    memory = device_memory(found)
+    out: dict[int, list[dict[str, Any]]] = {}
+    for h in found:
+        assert h.unit is not None
+        out.setdefault(h.unit, []).append(_describe(h, memory))
+    return out
+
+
+def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict[str, Any]:
+    try:
+        user = pwd.getpwuid(h.uid).pw_name
+    except KeyError:
+        user = str(h.uid)
+    return {
+        "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": user,
+        "command": procscan_cmdline(h.pid)[:200], "node": h.node,
+        "memory_bytes": memory.get((h.pid, h.cls, h.unit)),
+    }  # fmt: skip
+
+
+def stop_leftovers(
+    cls: DeviceClass, devices: list[int], *, uid: int | None, grace: float
+) -> tuple[list[StopReport], dict[int, list[dict[str, Any]]]]:
+    """Stop the trees of whoever still holds ``devices``; (reports, who still holds them).
+
+    ``uid``: stop only what that user could have stopped (a daemon running as
+    root ending another user's lease).
+    """
+    reports: list[StopReport] = []
+    for holders in holders_of(cls, devices).values():
+        for h in holders:
+            st = procscan.stat_of(h["pid"])
+            if st is None or st.starttime != h["starttime"] or st.is_dead or h["pid"] == 1:
+                continue
+            if h["pid"] == os.getpid():
+                continue
+            tree = Tree(
+                f"left{h['pid']}", ProcessId(h["pid"], st.starttime),
+                st.pgrp if st.pgrp == h["pid"] else None,
+                st.session if st.session == h["pid"] else None,
+                uid=uid,
+            )  # fmt: skip
+            reports.append(stop_tree(tree, grace=grace))
+    return reports, holders_of(cls, devices)

@@ -1,0 +1,603 @@
+"""``hold up / ps / logs / down / restart / validate``: stacks, composed with tickets.
+
+:mod:`supervisor.stack` runs the units and knows nothing of devices. This
+module adds what ``hold`` is for:
+
+* with ``hold:`` in the file, the ticket is taken first (waiting in line as
+  ``npu-hold`` does, through :func:`hold.runcmd.acquire_lease`), and every
+  unit gets its variables (``HOLD_LEASE``, ``CUDA_VISIBLE_DEVICES``...) and
+  runs inside it, so units pass ``hold check``;
+* every unit's tree is registered with the daemon before anything is spawned
+  (marker and cgroup leaf) and its root after each spawn, so a ``hold up``
+  that is SIGKILLed leaves nothing: the daemon, the guardian, stops them;
+* the stack's run directory lives in the state directory:
+  ``HOLD_STATE_DIR/stacks/NAME/`` (``control.sock``, ``logs/UNIT.log``,
+  ``stack.json``, ``supervisor.log`` for a detached stack).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from supervisor.parse import BadValue
+
+if TYPE_CHECKING:
+    from hold.client import Client
+    from hold.statedir import StateDir
+    from supervisor.cgroup import Leaf
+    from supervisor.stack import Cause
+    from supervisor.stackfile import StackSpec
+    from supervisor.tree import Tree
+
+EXIT_NOT_RUNNING = 1
+EXIT_TOOL = 125
+
+
+def say(text: str, prog: str = "hold up") -> None:
+    print(f"{prog}: {text}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def load_checked(path: str) -> StackSpec:
+    """The stack file, checked by the supervisor's rules and by ours (device, label).
+
+    Raises :class:`~supervisor.stackfile.StackFileError` with every problem,
+    or :class:`BadValue` for a bad configuration file.
+    """
+    from hold.config import load
+    from hold.daemon import check_label
+    from hold.devices import classes_from_config, parse_device_spec
+    from supervisor.stackfile import load as load_stack
+
+    cfg = load()
+    classes = classes_from_config(cfg.devices, cfg.path)
+
+    def check(data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        out: list[tuple[tuple[str | int, ...], str]] = []
+        hold = data.get("hold")
+        if not isinstance(hold, dict):
+            return out
+        device = hold.get("device")
+        if isinstance(device, str):
+            try:
+                parse_device_spec(device, classes, what="device")
+            except BadValue as e:
+                out.append((("hold", "device"), f"{device!r} is not valid: {e.accepted}"))
+        label = hold.get("label")
+        if isinstance(label, str):
+            why = check_label(label)
+            if why:
+                out.append((("hold", "label"), f"{label!r} is not valid: {why}"))
+        return out
+
+    return load_stack(path, extra_check=check)
+
+
+def run_dir_of(sd: StateDir, name: str) -> str:
+    return os.path.join(sd.path, "stacks", name)
+
+
+def _open_sd() -> StateDir:
+    from hold.statedir import open_state_dir
+
+    sd = open_state_dir()
+    os.makedirs(os.path.join(sd.path, "stacks"), mode=0o700, exist_ok=True)
+    return sd
+
+
+# ---------------------------------------------------------------------- validate
+
+
+def main_validate(path: str) -> int:
+    from supervisor.stackfile import StackFileError
+
+    try:
+        spec = load_checked(path)
+    except StackFileError as e:
+        for line in e.errors:
+            print(line, file=sys.stderr)
+        return 2
+    except BadValue as e:
+        say(str(e), "hold validate")
+        return 2
+    hold = f", inside a {spec.hold.device} ticket" if spec.hold else ""
+    print(
+        f"{path}: stack {spec.name} is valid: {len(spec.units)} unit(s), started in the order "
+        f"{', '.join(spec.order())}{hold}"
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------- up
+
+
+def main_up(
+    path: str, *, detach: bool = False, run_for: str | None = None, status_fd: int | None = None
+) -> int:
+    """``hold up``; the exit status (see the README's table)."""
+    from supervisor.parse import parse_duration
+    from supervisor.stackfile import StackFileError
+
+    try:
+        seconds = (
+            parse_duration(run_for, what="--for", plain_unit="seconds")
+            if run_for is not None
+            else None
+        )
+        spec = load_checked(path)
+        sd = _open_sd()
+    except StackFileError as e:
+        for line in e.errors:
+            print(line, file=sys.stderr)
+        return 2
+    except BadValue as e:
+        say(str(e))
+        return 2
+    if detach:
+        return _detach(path, spec, sd, run_for)
+    return StackRun(spec, sd, seconds, status_fd).execute()
+
+
+class StatusPipe:
+    """A detached ``hold up`` tells its starter what it says, then that it is ready,
+    as JSON lines on an inherited descriptor; afterwards it talks to its log."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        # Ours alone: a daemon we autostart must not inherit it and keep the
+        # starter waiting for an end of file that never comes.
+        os.set_inheritable(fd, False)
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                try:
+                    os.write(self.fd, json.dumps({"line": text}).encode() + b"\n")
+                    return
+                except OSError:
+                    self._close()
+        print(text, file=sys.stderr, flush=True)
+
+    def ready(self) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                try:
+                    os.write(self.fd, b'{"ready": true}\n')
+                except OSError:
+                    pass
+                self._close()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                self._close()
+
+    def _close(self) -> None:
+        os.close(self.fd)
+        self.fd = -1
+
+
+class StackRun:
+    """One ``hold up`` in the foreground: daemon, ticket, then :class:`~supervisor.stack.Stack`."""
+
+    def __init__(
+        self, spec: StackSpec, sd: StateDir, run_for: float | None, status_fd: int | None
+    ) -> None:
+        self.spec = spec
+        self.sd = sd
+        self.run_for = run_for
+        self.status = StatusPipe(status_fd) if status_fd is not None else None
+        self.client: Client | None = None
+        self.send_lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        if self.status is not None:
+            self.status.write(f"hold up: {text}")
+        else:
+            say(text)
+
+    def execute(self) -> int:
+        from hold.client import Client, DaemonUnreachable
+        from hold.config import load
+        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        from supervisor.stack import Display, Stack, StackError
+
+        spec = self.spec
+        cfg = load()
+        hierarchy = None
+        if cfg.cgroups != "off":
+            try:
+                hierarchy = Hierarchy.find()
+            except CgroupUnavailable as e:
+                if cfg.cgroups == "required":
+                    self.say(f"cgroups: required, but {e}")
+                    return 2
+        display = Display(write=self.status.write, live=False) if self.status else Display()
+        stack = Stack(
+            spec,
+            run_dir=run_dir_of(self.sd, spec.name),
+            hierarchy=hierarchy,
+            environ=os.environ,
+            display=display,
+            on_tree_prepared=self._on_tree_prepared,
+            on_started=self._on_started,
+            run_for=self.run_for,
+            on_ready=self.status.ready if self.status else None,
+        )
+        try:
+            stack.prepare()  # refusals (name taken, port taken...) before waiting for a device
+        except StackError as e:
+            for line in e.errors:
+                self.say(line)
+            return e.code
+
+        # The daemon before the stack starts: if we have to start one, it must
+        # not become our child while we are a subreaper (the stack may make us one).
+        try:
+            self.client = Client.connect(self.sd)
+            self.client.open_session()
+        except (DaemonUnreachable, OSError, TimeoutError) as e:
+            if spec.hold is not None:
+                stack.release()
+                self.say(f"cannot reach the ticket daemon: {e}")
+                return EXIT_TOOL
+            self.say(
+                f"warning: no guardian for this stack ({e}); its units are stopped "
+                "only while this process lives"
+            )
+            self.client = None
+        try:
+            env: dict[str, str] = {}
+            if spec.hold is not None:
+                code = self._acquire(env)
+                if code is not None:
+                    stack.release()
+                    return code
+            if self.client is not None:
+                stack.extra[self.client.fileno()] = self._on_daemon
+            try:
+                result = stack.run(extra_env=env)
+            except StackError as e:
+                for line in e.errors:
+                    self.say(line)
+                return e.code
+            return result.code
+        finally:
+            if self.client is not None:
+                self.client.close()
+            if self.status is not None:
+                self.status.close()  # the starter reads its end of file: not ready
+
+    def _acquire(self, env: dict[str, str]) -> int | None:
+        from hold.config import load
+        from hold.devices import classes_from_config, parse_device_spec
+        from hold.runcmd import DEFAULT_TTL, acquire_lease
+
+        hold = self.spec.hold
+        assert hold is not None
+        if self.client is None:
+            return EXIT_TOOL
+        cfg = load()
+        cls, indices = parse_device_spec(
+            hold.device, classes_from_config(cfg.devices, cfg.path), what="device"
+        )
+        grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
+        got = acquire_lease(
+            self.client,
+            self.sd,
+            self.say,
+            cls=cls,
+            indices=indices,
+            count=len(indices) if indices else 1,
+            label=hold.label or self.spec.name,
+            ttl=hold.ttl or DEFAULT_TTL,
+            grace=grace,
+            wait=True,
+            wait_timeout=None,
+            tree=None,
+            env=env,
+        )
+        if isinstance(got, int):
+            return got
+        self.say(
+            f"inside lease {got.lease} ({env.get('HOLD_DEVICES')}) until "
+            f"{time.strftime('%H:%M:%S', time.localtime(got.expires))}"
+        )
+        return None
+
+    # Hooks called by the stack -----------------------------------------------
+
+    def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
+        from supervisor.stack import StackError
+
+        client = self.client
+        if client is None:
+            return
+        try:
+            # The unit's own grace: the daemon gives it when it stops the tree for us.
+            grace = self.spec.units[unit].stop.grace
+            ans = client.request(
+                {
+                    "op": "tree",
+                    "tree_id": tree_id,
+                    "leaf": leaf.path if leaf else None,
+                    "grace": grace,
+                }
+            )
+        except (OSError, TimeoutError) as e:
+            raise StackError(
+                [f"lost the ticket daemon while registering {unit}: {e}"], EXIT_TOOL
+            ) from None
+        if ans.get("ev") != "ok":
+            msg = f"the daemon refused to guard unit {unit}: {ans.get('error')}"
+            if self.spec.hold is not None:
+                raise StackError([msg], EXIT_TOOL)
+            self.say(f"warning: {msg}")
+
+    def _on_started(self, unit: str, tree: Tree) -> None:
+        client = self.client
+        if client is None or tree.root is None:
+            return
+        with self.send_lock:  # called from several start threads at once
+            try:
+                client.send({"op": "root", "tree_id": tree.tree_id, "pid": tree.root.pid})
+            except OSError:
+                pass
+
+    def _on_daemon(self, fd: int) -> Cause | None:
+        from hold.runcmd import daemon_event
+        from supervisor.stack import EXIT_OK, Cause
+
+        assert self.client is not None
+        ev = daemon_event(self.client, self.say)
+        if ev is None:
+            return None
+        kind, detail = ev
+        code = {"expired": 124, "released": EXIT_OK}.get(kind, EXIT_TOOL)
+        return Cause(kind, detail, code)
+
+
+def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> int:
+    """Start ``hold up`` in the background; return once it is up (0) or with its failure."""
+    run_dir = run_dir_of(sd, spec.name)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    r, w = os.pipe()
+    argv = [sys.executable, "-m", "hold", "up", "--status-fd", str(w)]
+    if run_for is not None:
+        argv += ["--for", run_for]
+    argv.append(os.path.abspath(path))
+    log = open(os.path.join(run_dir, "supervisor.log"), "ab")  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(w,),
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+        os.close(w)
+    buf = b""
+    with os.fdopen(r, "rb") as f:
+        for raw in f:
+            buf = raw
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if msg.get("ready"):
+                n = spec.name
+                say(
+                    f"stack {n} is up in the background (pid {proc.pid}); "
+                    f"hold ps {n}, hold logs {n} UNIT, hold down {n}"
+                )
+                # It runs on without us: forget it without waiting (it is not ours to reap).
+                proc.returncode = 0
+                return 0
+            if "line" in msg:
+                print(msg["line"], file=sys.stderr, flush=True)
+    _ = buf
+    return proc.wait()
+
+
+# ---------------------------------------------------------------------- ps, logs, down, restart
+
+
+def _request(name: str, msg: dict[str, Any], prog: str, **kw: Any) -> dict[str, Any] | None:
+    """Ask the running stack ``name``; None if it is not running."""
+    from supervisor.stackctl import request
+
+    sd = _open_sd()
+    sock = os.path.join(run_dir_of(sd, name), "control.sock")
+    try:
+        return request(sock, msg, **kw)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+
+
+def _running_stacks() -> list[dict[str, Any]]:
+    from supervisor.stackctl import request
+
+    sd = _open_sd()
+    base = os.path.join(sd.path, "stacks")
+    out = []
+    for name in sorted(os.listdir(base)):
+        try:
+            ans = request(os.path.join(base, name, "control.sock"), {"op": "ps"}, timeout=5)
+        except (OSError, TimeoutError, ValueError):
+            continue
+        out.append(ans)
+    return out
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def main_ps(name: str | None, as_json: bool) -> int:
+    try:
+        if name is None:
+            stacks = _running_stacks()
+        else:
+            ans = _request(name, {"op": "ps"}, "hold ps", timeout=5)
+            stacks = [ans] if ans is not None else []
+    except BadValue as e:
+        say(str(e), "hold ps")
+        return 2
+    if as_json:
+        print(json.dumps(stacks if name is None else (stacks[0] if stacks else None), indent=2))
+        return 0 if stacks or name is None else EXIT_NOT_RUNNING
+    if name is not None and not stacks:
+        say(f"stack {name} is not running", "hold ps")
+        return EXIT_NOT_RUNNING
+    if name is None:
+        if not stacks:
+            print("no stack is running")
+            return 0
+        rows = [["STACK", "PID", "UNITS", "READY", "UPTIME", "FILE"]]
+        for s in stacks:
+            ready = sum(1 for u in s["units"] if u["state"] == "ready")
+            rows.append(
+                [
+                    s["stack"],
+                    str(s["pid"]),
+                    str(len(s["units"])),
+                    str(ready),
+                    _age(s["uptime"]),
+                    s["file"],
+                ]
+            )
+        print(_table(rows))
+        return 0
+    s = stacks[0]
+    print(
+        f"stack {s['stack']} (pid {s['pid']}, {s['phase']}, up {_age(s['uptime'])}) "
+        f"from {s['file']}"
+    )
+    rows = [["UNIT", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]]
+    for u in s["units"]:
+        rows.append(
+            [
+                u["unit"],
+                u["state"],
+                str(u["pid"] or "-"),
+                str(u["port"] or "-"),
+                str(u["restarts"]),
+                _age(u["uptime"]),
+                u["cpus"] or "-",
+                u["ready"],
+            ]
+        )
+    print(_table(rows))
+    return 0
+
+
+def main_logs(name: str, unit: str, follow: bool, lines: int | None) -> int:
+    from supervisor.unitlog import follow as follow_log
+    from supervisor.unitlog import tail_lines
+
+    try:
+        sd = _open_sd()
+    except BadValue as e:
+        say(str(e), "hold logs")
+        return 2
+    run_dir = run_dir_of(sd, name)
+    logs = os.path.join(run_dir, "logs")
+    if not os.path.isdir(logs):
+        say(f"no stack {name!r} has run here (nothing in {os.path.dirname(run_dir)})", "hold logs")
+        return 2
+    path = os.path.join(logs, f"{unit}.log")
+    if "/" in unit or not os.path.isfile(path):
+        units = sorted(f[:-4] for f in os.listdir(logs) if f.endswith(".log"))
+        say(f"no unit {unit!r} in stack {name} (units: {', '.join(units)})", "hold logs")
+        return 2
+    text, ino, offset = tail_lines(path, lines)
+    for line in text:
+        print(line)
+    sys.stdout.flush()
+    if follow:
+        sock = os.path.join(run_dir, "control.sock")
+
+        def running() -> bool:
+            import socket
+
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                try:
+                    s.connect(sock)
+                except OSError:
+                    return False
+            return True
+
+        try:
+            for line in follow_log(path, ino, offset, keep_going=running):
+                print(line, flush=True)
+        except KeyboardInterrupt:
+            return 0
+    return 0
+
+
+def main_down(name: str) -> int:
+    def progress(msg: dict[str, Any]) -> None:
+        if msg.get("ev") == "stopping":
+            say(f"stopping stack {name}...", "hold down")
+
+    try:
+        # The stop takes up to the units' grace periods; each message resets the wait.
+        ans = _request(name, {"op": "down"}, "hold down", timeout=3600, on_message=progress)
+    except ConnectionResetError:
+        ans = {"ev": "stopped", "code": 0, "survivors": []}  # it was already stopping
+    except BadValue as e:
+        say(str(e), "hold down")
+        return 2
+    if ans is None:
+        say(f"stack {name} is not running", "hold down")
+        return 0
+    if ans.get("ev") == "error":
+        say(str(ans.get("error")), "hold down")
+        return int(ans.get("code", 2))
+    for s in ans.get("survivors") or []:
+        say(f"survivor pid {s['pid']} ({s['found_by']}): {s['command']}", "hold down")
+    code = int(ans.get("code", 0))
+    say(f"stack {name} stopped" + (" (with survivors)" if code == 3 else ""), "hold down")
+    return 3 if code == 3 else 0
+
+
+def main_restart(name: str, unit: str) -> int:
+    try:
+        ans = _request(name, {"op": "restart", "unit": unit}, "hold restart", timeout=3600)
+    except BadValue as e:
+        say(str(e), "hold restart")
+        return 2
+    if ans is None:
+        say(f"stack {name} is not running", "hold restart")
+        return EXIT_NOT_RUNNING
+    if ans.get("ev") == "error":
+        say(str(ans.get("error")), "hold restart")
+        return int(ans.get("code", 4))
+    say(f"{unit} restarted (pid {ans.get('pid')})", "hold restart")
+    return 0

@@ -1,0 +1,213 @@
+"""The control channel of a running stack: a Unix socket in its run directory, JSON lines.
+
+``hold ps``, ``hold down`` and ``hold restart`` talk to it from any terminal of
+the same user. A request is one JSON object with an ``op``; the answer is one
+or more JSON objects, the last with ``"done": true`` (``down`` first says
+``stopping``, then ``stopped`` with the exit status once everything is
+stopped). Only the stack's own user (or root) may connect: the directory is
+0700, and the peer's uid is checked again from ``SO_PEERCRED``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+Message = dict[str, Any]
+MAX_LINE = 64 * 1024
+
+
+class Reply:
+    """Where the answers to one request go; usable from any thread, until closed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, msg: Message, *, done: bool = False) -> None:
+        data = json.dumps({**msg, **({"done": True} if done else {})}).encode() + b"\n"
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self._sock.sendall(data)
+            except OSError:
+                self.closed = True
+                return
+            if done:
+                self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self.closed:
+                self._close()
+
+
+Handler = Callable[[Message, Reply], None]
+
+
+class ControlServer:
+    """Accepts connections on ``path`` and hands each request to ``handler`` (in a
+    connection thread). :meth:`close` ends every thread it started."""
+
+    def __init__(self, path: str, handler: Handler) -> None:
+        self.path = path
+        self.handler = handler
+        self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._threads: list[threading.Thread] = []
+        self._replies: list[Reply] = []
+        self._lock = threading.Lock()
+        try:
+            os.unlink(path)  # a dead stack's; we hold the stack's lock
+        except FileNotFoundError:
+            pass
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(path)
+        finally:
+            os.umask(old)
+        self._sock.listen(16)
+        self._sock.setblocking(False)
+        t = threading.Thread(target=self._accept_loop, name="stack-control", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _accept_loop(self) -> None:
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._stop_r in ready:
+                return
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return
+            _pid, uid, _gid = struct.unpack(
+                "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            )
+            if uid not in (os.geteuid(), 0):
+                conn.close()
+                continue
+            conn.setblocking(True)
+            conn.settimeout(5.0)  # a client that stops reading cannot hold a sender for long
+            t = threading.Thread(
+                target=self._serve, args=(conn,), name="stack-control-conn", daemon=True
+            )
+            with self._lock:
+                self._threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reply = Reply(conn)
+        with self._lock:
+            self._replies.append(reply)
+        buf = b""
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while not reply.closed:
+            ready = {fd for fd, _ in poller.poll(1000)}
+            if self._stop_r in ready or reply.closed:
+                break
+            if not ready:
+                continue
+            try:
+                data = conn.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            buf += data
+            if len(buf) > MAX_LINE:
+                reply.send({"ev": "error", "error": "request too long"}, done=True)
+                break
+            while b"\n" in buf and not reply.closed:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    msg = json.loads(line)
+                    if not isinstance(msg, dict):
+                        raise ValueError("not an object")
+                except ValueError:
+                    reply.send(
+                        {"ev": "error", "error": "a request is one JSON object per line"}, done=True
+                    )
+                    break
+                self.handler(msg, reply)
+        # A reply kept for later (down) stays open; others are closed by their handler.
+
+    def close(self) -> None:
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+        for t in list(self._threads):
+            t.join(timeout=2.0)
+        with self._lock:
+            for r in self._replies:
+                r.close()
+        self._sock.close()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def request(
+    path: str,
+    msg: Message,
+    *,
+    timeout: float = 10.0,
+    on_message: Callable[[Message], None] | None = None,
+) -> Message:
+    """Send ``msg`` to the stack at ``path``; the final answer (``done``).
+
+    ``on_message`` sees the answers before it. Raises ``OSError`` if no stack
+    answers there, ``TimeoutError`` if the final answer takes longer than
+    ``timeout`` seconds since the last message.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
+        s.connect(path)
+        s.sendall(json.dumps(msg).encode() + b"\n")
+        buf = b""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the stack did not answer {msg.get('op')!r} in time")
+            if not select.select([s], [], [], left)[0]:
+                continue
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionResetError("the stack closed the connection without an answer")
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                ans = json.loads(line)
+                if ans.get("done"):
+                    return dict(ans)
+                if on_message is not None:
+                    on_message(ans)
+                deadline = time.monotonic() + timeout

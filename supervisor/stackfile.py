@@ -1,0 +1,685 @@
+"""The stack file: a YAML description of units, read strictly.
+
+:func:`load` returns a :class:`StackSpec` or raises :class:`StackFileError`
+carrying *every* problem found, each as ``FILE:LINE: KEY.PATH: message``
+(``stack.yaml:12: units.model.ready.timeout: '5x' is not valid: ...``).
+
+How: the YAML is *composed* (not loaded), so every key keeps the line it came
+from; the plain data is validated by pydantic models that forbid unknown keys
+and parse durations and CPU lists with :mod:`supervisor.parse`; then the
+checks that span units (``after`` names and cycles, placeholders, ports) run
+over the same data, whether or not pydantic was happy with it, so one run
+reports all errors at once.
+
+Nothing here knows about devices or tickets: the optional ``hold:`` section is
+only checked for shape; :mod:`hold` checks the device class and label, using
+:meth:`StackSpec.where` for the line.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+from supervisor.environ import check_name
+from supervisor.parse import BadValue, parse_cpus, parse_duration
+
+READY_KINDS = ("http", "tcp", "log", "exec", "file")
+UNIT_KINDS = ("service",)  # issue 6 adds "task"
+RESTART_POLICIES = ("no", "on-failure", "always")
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
+_UNIT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
+# {{ and }} are literal braces; {anything else} is a placeholder.
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+_UNIT_PORT = re.compile(r"units\.([^.]+)\.port")
+PLACEHOLDERS_ACCEPTED = "{port}, {units.NAME.port} or {run_dir} ({{ and }} for literal braces)"
+
+Path = tuple[str | int, ...]
+
+
+class StackFileError(Exception):
+    """The stack file is not acceptable; ``errors`` lists every problem, one line each."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+# ------------------------------------------------------------------ values
+# Each validator takes what YAML produced and raises ValueError with
+# "<value> is not valid: <what is accepted>"; the key path and line are added
+# by the caller from pydantic's error location.
+
+
+def _bad(value: object, accepted: str) -> ValueError:
+    return ValueError(f"{value!r} is not valid: {accepted}")
+
+
+def _duration(allow_zero: bool) -> Any:
+    def parse(v: object) -> float:
+        accepted = "a duration with its unit: 250ms, 10s, 4m, 2h" + (
+            "" if allow_zero else " (more than zero)"
+        )
+        # A plain number is refused: `-t 5` is minutes and `--grace 5` is
+        # seconds on the command line, and a file should not make anyone guess.
+        if not isinstance(v, str) or not re.fullmatch(r"\s*[0-9.]+\s*(ms|s|m|h|d)\s*", v):
+            raise _bad(v, accepted)
+        try:
+            return parse_duration(v, plain_unit="seconds", allow_zero=allow_zero)
+        except BadValue as e:
+            raise _bad(v, e.accepted) from None
+
+    return PlainValidator(parse)
+
+
+Duration = Annotated[float, _duration(False)]
+Grace = Annotated[float, _duration(True)]
+
+
+def _cpus(v: object) -> frozenset[int]:
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise _bad(v, "a CPU list like 0-3,8")
+    try:
+        return parse_cpus(str(v))
+    except BadValue as e:
+        raise _bad(v, e.accepted) from None
+
+
+Cpus = Annotated[frozenset[int], PlainValidator(_cpus)]
+
+
+def _arg(v: object) -> str:
+    # Numbers are taken as written (`--port, 8080`); a YAML boolean is refused,
+    # since `yes`/`no`/`on`/`off` would silently become True/False.
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise _bad(v, "a string (quote values like yes, no, on, off)")
+    s = v if isinstance(v, str) else str(v)
+    if "\0" in s:
+        raise _bad(v, "no NUL characters")
+    return s
+
+
+Arg = Annotated[str, PlainValidator(_arg)]
+
+
+def _argv(v: object) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v:
+        raise _bad(v, "a non-empty list: [program, arg, ...]")
+    out: list[str] = []
+    for i, item in enumerate(v):
+        try:
+            out.append(_arg(item))
+        except ValueError as e:
+            raise ValueError(f"item {i}: {e}") from None
+    if not out[0]:
+        raise _bad(v, "a program name first")
+    return tuple(out)
+
+
+def _exec_argv(v: object) -> tuple[str, ...]:
+    if isinstance(v, str) and v.strip():
+        return ("/bin/sh", "-c", v)
+    return _argv(v)
+
+
+def _env_name(v: object) -> str:
+    if not isinstance(v, str):
+        raise _bad(v, "a variable name")
+    try:
+        return check_name(v)
+    except BadValue as e:
+        raise _bad(v, e.accepted) from None
+
+
+EnvName = Annotated[str, PlainValidator(_env_name)]
+
+
+def _port(v: object) -> int | Literal["auto"]:
+    if v == "auto":
+        return "auto"
+    if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535:
+        return v
+    raise _bad(v, "auto (the kernel picks a free port) or a port number 1-65535")
+
+
+def _signal(v: object) -> int:
+    accepted = "a signal name or number such as TERM, INT, HUP, QUIT, USR1 (not KILL or STOP)"
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise _bad(v, accepted)
+    name = str(v).upper().removeprefix("SIG")
+    if name.isdigit():
+        num = int(name)
+        if num in signal.valid_signals() and num not in (0, signal.SIGKILL, signal.SIGSTOP):
+            return num
+        raise _bad(v, accepted)
+    sig = getattr(signal, "SIG" + name, None)
+    if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
+        return int(sig)
+    raise _bad(v, accepted)
+
+
+def _regex(v: object) -> re.Pattern[str]:
+    if not isinstance(v, str) or not v:
+        raise _bad(v, "a regular expression (Python syntax), matched against each output line")
+    try:
+        return re.compile(v)
+    except re.error as e:
+        raise _bad(v, f"a regular expression (Python syntax): {e}") from None
+
+
+def _policy(v: object) -> str:
+    # YAML 1.1 reads an unquoted `no` as false.
+    if v is False:
+        return "no"
+    if v not in RESTART_POLICIES:
+        raise _bad(v, "one of " + ", ".join(RESTART_POLICIES))
+    assert isinstance(v, str)
+    return v
+
+
+def _count(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise _bad(v, "a whole number, 0 or more")
+    return v
+
+
+def _kind(v: object) -> str:
+    if v not in UNIT_KINDS:
+        raise _bad(v, "one of " + ", ".join(UNIT_KINDS))
+    assert isinstance(v, str)
+    return v
+
+
+def _text(v: object) -> str:
+    if not isinstance(v, str) or not v:
+        raise _bad(v, "a non-empty string")
+    if "\0" in v:
+        raise _bad(v, "no NUL characters")
+    return v
+
+
+def _stack_name(v: object) -> str:
+    if not isinstance(v, str) or not _NAME.fullmatch(v):
+        raise _bad(
+            v,
+            "letters, digits, '.', '_' and '-', starting with a letter or digit, "
+            "at most 64 characters (it names a directory)",
+        )
+    return v
+
+
+def _http_path(v: object) -> str:
+    if not isinstance(v, str) or not v.startswith("/"):
+        raise _bad(v, "a path such as /health (probed as http://127.0.0.1:{port}PATH)")
+    return v
+
+
+def _tcp(v: object) -> str:
+    if isinstance(v, int) and not isinstance(v, bool):
+        if 1 <= v <= 65535:
+            return str(v)
+    elif isinstance(v, str) and (v == "{port}" or (v.isdigit() and 1 <= int(v) <= 65535)):
+        return v
+    raise _bad(v, '"{port}" (the unit\'s own port) or a port number 1-65535')
+
+
+# ------------------------------------------------------------------ models
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class HoldSpec(_Strict):
+    """The ticket the whole stack runs in (checked further by :mod:`hold`)."""
+
+    device: Annotated[str, PlainValidator(_text)]
+    ttl: Duration | None = None
+    label: Annotated[str, PlainValidator(_text)] | None = None
+
+
+class ReadySpec(_Strict):
+    """How a unit proves it is ready: exactly one kind, within ``timeout``."""
+
+    http: Annotated[str, PlainValidator(_http_path)] | None = None
+    tcp: Annotated[str, PlainValidator(_tcp)] | None = None
+    log: Annotated[re.Pattern[str], PlainValidator(_regex)] | None = None
+    exec: Annotated[tuple[str, ...], PlainValidator(_exec_argv)] | None = None
+    file: Annotated[str, PlainValidator(_text)] | None = None
+    timeout: Duration = 60.0
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ReadySpec:
+        given = [k for k in READY_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"exactly one of {', '.join(READY_KINDS)} is needed"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in READY_KINDS if getattr(self, k) is not None)
+
+    def describe(self) -> str:
+        kind = self.kind
+        value = getattr(self, kind)
+        if kind == "log":
+            value = value.pattern
+        elif kind == "exec":
+            value = " ".join(value)
+        return f"{kind} {value}"
+
+
+class RestartSpec(_Strict):
+    """Restart policy: ``max`` restarts in a row, waiting ``backoff`` doubled each time
+    up to ``max_backoff``; the count starts again once the unit stayed up ``reset_after``."""
+
+    policy: Annotated[str, PlainValidator(_policy)] = "no"
+    max: Annotated[int, PlainValidator(_count)] = 3
+    backoff: Grace = 1.0
+    max_backoff: Grace = 30.0
+    reset_after: Duration = 30.0
+
+
+class StopSpec(_Strict):
+    signal: Annotated[int, PlainValidator(_signal)] = int(signal.SIGTERM)
+    grace: Grace = 10.0
+
+
+class UnitSpec(_Strict):
+    """One unit, as written; placeholders are filled at start (:func:`fill`)."""
+
+    kind: Annotated[str, PlainValidator(_kind)] = "service"
+    cmd: Annotated[tuple[Arg, ...], Field(min_length=1)]
+    port: Annotated[int | str, PlainValidator(_port)] | None = None
+    cpus: Cpus | None = None
+    env: dict[EnvName, Arg] = Field(default_factory=dict)
+    pass_env: tuple[EnvName, ...] = ()
+    ready: ReadySpec | None = None
+    restart: RestartSpec = Field(default_factory=RestartSpec)
+    stop: StopSpec = Field(default_factory=StopSpec)
+    after: tuple[Annotated[str, PlainValidator(_text)], ...] = ()
+
+
+class StackSpec(_Strict):
+    """A whole stack file, valid; ``path`` and ``lines`` say where each key was."""
+
+    name: Annotated[str, PlainValidator(_stack_name)]
+    hold: HoldSpec | None = None
+    units: dict[str, UnitSpec]
+    _path: str = PrivateAttr("")
+    _lines: dict[Path, int] = PrivateAttr(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        """The file as it was named to :func:`load`."""
+        return self._path
+
+    def where(self, *keys: str | int) -> str:
+        """``FILE:LINE: key.path`` for a message about ``keys`` (e.g. ``"hold", "device"``)."""
+        return f"{self._path}:{_line_of(self._lines, keys)}: {_dotted(keys)}"
+
+    def order(self) -> list[str]:
+        """Unit names in a start order that respects ``after`` (file order among equals)."""
+        done: list[str] = []
+        pending = list(self.units)
+        while pending:
+            for name in pending:
+                if all(d in done for d in self.units[name].after):
+                    done.append(name)
+                    pending.remove(name)
+                    break
+            else:  # validated: cannot happen
+                raise AssertionError(f"cycle among {pending}")
+        return done
+
+
+# ------------------------------------------------------------------ loading
+
+
+# The caller's own checks over the plain data: (key path, message) for each problem.
+ExtraCheck = Callable[[dict[str, Any]], list[tuple[Path, str]]]
+
+
+def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None = None) -> StackSpec:
+    """Read and validate the stack file at ``path`` (or ``text`` as if it were there).
+
+    ``extra_check`` adds the caller's checks (:mod:`hold` checks the device
+    class and label of ``hold:``); their problems are reported with the rest.
+    """
+    import yaml  # only here: the rest of the supervisor does not need it
+
+    shown = path
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise StackFileError([f"{shown}: cannot read the stack file: {e.strerror}"]) from None
+        except UnicodeDecodeError as e:
+            raise StackFileError([f"{shown}: not UTF-8 text: {e.reason}"]) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        raise StackFileError([f"{shown}:{line}: not valid YAML: {e.problem or e}"]) from None
+    except yaml.YAMLError as e:
+        raise StackFileError([f"{shown}: not valid YAML: {e}"]) from None
+    if root is None:
+        raise StackFileError([f"{shown}:1: the file is empty: a stack needs name and units"])
+
+    errors: list[tuple[int, str]] = []
+    lines: dict[Path, int] = {}
+    data = _plain(root, (), lines, shown, errors)
+
+    spec: StackSpec | None = None
+    if isinstance(data, dict):
+        try:
+            spec = StackSpec.model_validate(data)
+        except ValidationError as e:
+            for err in e.errors():
+                loc = tuple(x for x in err["loc"] if x != "[key]")
+                errors.append((_line_of(lines, loc), f"{_dotted(loc)}: {_message(err, loc)}"))
+        else:
+            spec._path = shown
+            spec._lines = lines
+        errors.extend(_cross_checks(data, lines))
+        if extra_check is not None:
+            for loc, msg in extra_check(data):
+                errors.append((_line_of(lines, loc), f"{_dotted(loc)}: {msg}"))
+    else:
+        errors.append((1, "the top level must be a mapping with name and units"))
+
+    if errors:
+        seen: set[str] = set()
+        out: list[str] = []
+        for line, msg in sorted(errors):
+            text_ = f"{shown}:{line}: {msg}"
+            if text_ not in seen:
+                seen.add(text_)
+                out.append(text_)
+        raise StackFileError(out)
+    assert spec is not None
+    return spec
+
+
+def _plain(
+    node: Any, path: Path, lines: dict[Path, int], shown: str, errors: list[tuple[int, str]]
+) -> Any:
+    """The composed YAML as plain data, recording each key's line in ``lines``."""
+    import yaml
+
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for knode, vnode in node.value:
+            line = knode.start_mark.line + 1
+            if not isinstance(knode, yaml.ScalarNode):
+                errors.append(
+                    (line, f"{_dotted(path) or 'top level'}: a key must be a plain value")
+                )
+                continue
+            key = knode.value
+            if key in out:
+                errors.append((line, f"{_dotted((*path, key))}: duplicate key (each key once)"))
+                continue
+            lines[(*path, key)] = line
+            out[key] = _plain(vnode, (*path, key), lines, shown, errors)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_plain(v, (*path, i), lines, shown, errors) for i, v in enumerate(node.value)]
+    return yaml.constructor.SafeConstructor().construct_object(node)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _line_of(lines: Mapping[Path, int], loc: tuple[Any, ...]) -> int:
+    loc = tuple(loc)
+    while loc and loc not in lines:
+        loc = loc[:-1]
+    return lines.get(loc, 1)
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose fields are valid keys at ``loc`` (for "accepted: ..." hints)."""
+    models: dict[tuple[str, ...], type[BaseModel]] = {
+        (): StackSpec,
+        ("hold",): HoldSpec,
+        ("units", "*"): UnitSpec,
+        ("units", "*", "ready"): ReadySpec,
+        ("units", "*", "restart"): RestartSpec,
+        ("units", "*", "stop"): StopSpec,
+    }
+    key = tuple("*" if i == 1 and loc[0] == "units" else str(p) for i, p in enumerate(loc))
+    return models.get(key)
+
+
+def _accepted(parent: tuple[Any, ...]) -> str:
+    model = _model_at(parent)
+    if model is None:
+        return "no keys here"
+    names = list(model.model_fields)
+    return "accepted: " + ", ".join(names)
+
+
+def _message(err: Any, loc: tuple[Any, ...]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown key; " + _accepted(loc[:-1])
+    if kind == "missing":
+        return "missing (required)"
+    if kind == "value_error":
+        return str(err["ctx"]["error"])
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        what = "a mapping" if loc else "a mapping with name and units"
+        return f"{_short(err['input'])} is not valid: {what}"
+    if kind in ("tuple_type", "list_type", "too_short"):
+        return f"{_short(err['input'])} is not valid: a non-empty list"
+    msg = str(err["msg"])
+    return f"{_short(err['input'])} is not valid: {msg[0].lower()}{msg[1:]}"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ------------------------------------------------------------------ cross-unit checks
+
+
+def _strings(unit: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(key path within the unit, text) for every value that may hold placeholders."""
+    cmd = unit.get("cmd")
+    if isinstance(cmd, list):
+        for i, a in enumerate(cmd):
+            if isinstance(a, str):
+                yield ("cmd", i), a
+    env = unit.get("env")
+    if isinstance(env, dict):
+        for k, v in env.items():
+            if isinstance(v, str):
+                yield ("env", k), v
+    ready = unit.get("ready")
+    if isinstance(ready, dict):
+        for k in ("http", "tcp", "file"):
+            if isinstance(ready.get(k), str):
+                yield ("ready", k), ready[k]
+        ex = ready.get("exec")
+        if isinstance(ex, str):
+            yield ("ready", "exec"), ex
+        elif isinstance(ex, list):
+            for i, a in enumerate(ex):
+                if isinstance(a, str):
+                    yield ("ready", "exec", i), a
+
+
+def _cross_checks(data: dict[str, Any], lines: Mapping[Path, int]) -> list[tuple[int, str]]:
+    errors: list[tuple[int, str]] = []
+
+    def err(loc: tuple[Any, ...], msg: str) -> None:
+        errors.append((_line_of(lines, loc), f"{_dotted(loc)}: {msg}"))
+
+    units = data.get("units")
+    if not isinstance(units, dict):
+        return errors
+    names = [n for n in units if isinstance(n, str)]
+    for name in units:
+        if not isinstance(name, str) or not _UNIT_NAME.fullmatch(name):
+            err(
+                ("units", str(name)),
+                f"{name!r} is not a valid unit name: letters, digits, "
+                "'_' and '-', starting with a letter or '_', at most 64 characters",
+            )
+    has_port = {n: isinstance(u, dict) and u.get("port") is not None for n, u in units.items()}
+
+    # after: known units, no cycles.
+    graph: dict[str, list[str]] = {}
+    for name, unit in units.items():
+        graph[name] = []
+        after = unit.get("after") if isinstance(unit, dict) else None
+        if not isinstance(after, list):
+            continue
+        for i, dep in enumerate(after):
+            if not isinstance(dep, str):
+                continue
+            if dep not in units:
+                err(
+                    ("units", name, "after", i),
+                    f"{dep!r} names no unit (units: {', '.join(names)})",
+                )
+            elif dep == name:
+                err(("units", name, "after", i), f"cycle: {name} -> {name}")
+            else:
+                graph[name].append(dep)
+    for cycle in _cycles(graph):
+        first = cycle[0]
+        err(("units", first, "after"), "cycle: " + " -> ".join([*cycle, first]))
+
+    # Placeholders name known things; {port} needs a port.
+    for name, unit in units.items():
+        if not isinstance(unit, dict):
+            continue
+        for sub, text in _strings(unit):
+            loc = ("units", name, *sub)
+            for m in _PLACEHOLDER.finditer(text):
+                inner = m.group(1)
+                if inner is None:
+                    continue
+                if inner == "port":
+                    if not has_port[name]:
+                        err(
+                            loc,
+                            f"{{port}} used, but unit {name} has no port "
+                            "(add port: auto or a number)",
+                        )
+                    continue
+                if inner == "run_dir":
+                    continue
+                pm = _UNIT_PORT.fullmatch(inner)
+                if pm is not None:
+                    other = pm.group(1)
+                    if other not in units:
+                        err(loc, f"{{{inner}}} names no unit (units: {', '.join(names)})")
+                    elif not has_port[other]:
+                        err(loc, f"{{{inner}}}: unit {other} has no port")
+                    continue
+                err(loc, f"unknown placeholder {{{inner}}}: accepted {PLACEHOLDERS_ACCEPTED}")
+            # A lone brace is a typo for a placeholder, not text.
+            rest = _PLACEHOLDER.sub("", text)
+            if "{" in rest or "}" in rest:
+                err(loc, f"{text!r} has an unmatched brace; accepted {PLACEHOLDERS_ACCEPTED}")
+        ready = unit.get("ready")
+        if isinstance(ready, dict) and "http" in ready and not has_port[name]:
+            err(
+                ("units", name, "ready", "http"),
+                f"an http probe needs the unit's port (add port: auto or a number to {name})",
+            )
+
+    # A named port belongs to one unit.
+    owners: dict[int, str] = {}
+    for name, unit in units.items():
+        port = unit.get("port") if isinstance(unit, dict) else None
+        if isinstance(port, int) and not isinstance(port, bool):
+            if port in owners:
+                err(("units", name, "port"), f"port {port} is already unit {owners[port]}'s")
+            else:
+                owners[port] = name
+    return errors
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """One representative of each dependency cycle (each cycle reported once)."""
+    out: list[list[str]] = []
+    reported: set[frozenset[str]] = set()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        path.append(n)
+        for d in graph.get(n, []):
+            if state.get(d) == 1:
+                cyc = path[path.index(d) :]
+                key = frozenset(cyc)
+                if key not in reported:
+                    reported.add(key)
+                    out.append(cyc)
+            elif d not in state:
+                visit(d)
+        path.pop()
+        state[n] = 2
+
+    for n in graph:
+        if n not in state:
+            visit(n)
+    return out
+
+
+# ------------------------------------------------------------------ placeholders
+
+
+def fill(text: str, *, unit: str, ports: Mapping[str, int], run_dir: str) -> str:
+    """``text`` with ``{port}``, ``{units.NAME.port}``, ``{run_dir}`` filled in
+    (validated already: every name is known and every port assigned)."""
+
+    def sub(m: re.Match[str]) -> str:
+        whole, inner = m.group(0), m.group(1)
+        if inner is None:
+            return whole[0]  # {{ -> {, }} -> }
+        if inner == "port":
+            return str(ports[unit])
+        if inner == "run_dir":
+            return run_dir
+        pm = _UNIT_PORT.fullmatch(inner)
+        assert pm is not None, inner
+        return str(ports[pm.group(1)])
+
+    return _PLACEHOLDER.sub(sub, text)
+
+
+def filled_env(spec: UnitSpec, unit: str, ports: Mapping[str, int], run_dir: str) -> dict[str, str]:
+    return {k: fill(v, unit=unit, ports=ports, run_dir=run_dir) for k, v in spec.env.items()}
