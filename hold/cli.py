@@ -65,10 +65,20 @@ def daemon_cmd(detach: bool) -> None:
 
     cfg, classes = _classes()
     sd = _state_dir(shared=cfg.shared_state)
-    if detach and os.fork() > 0:
-        # The client that started us reaps this first process at once; the
-        # daemon itself is orphaned and never anyone's zombie.
-        os._exit(0)
+    ready_fd = None
+    if detach:
+        # The first process waits until the daemon serves and says so by its
+        # exit status (0: serving), so a client that started it learns of a
+        # failure at once instead of at the end of its deadline.
+        r, w = os.pipe()
+        if os.fork() > 0:
+            os.close(w)
+            import select
+
+            ok = select.select([r], [], [], 30.0)[0] and os.read(r, 1) == b"1"
+            os._exit(0 if ok else 1)
+        os.close(r)
+        ready_fd = w
     daemon = Daemon(
         sd,
         classes,
@@ -76,7 +86,7 @@ def daemon_cmd(detach: bool) -> None:
         home_tokens=cfg.home_tokens,
         grant_busy=cfg.busy_devices,
     )
-    raise SystemExit(daemon.serve())
+    raise SystemExit(daemon.serve(ready_fd=ready_fd))
 
 
 def _client() -> Any:

@@ -127,6 +127,15 @@ class Client:
                     raise
                 time.sleep(0.05)
 
+    def reopen(self, timeout: float = START_TIMEOUT) -> None:
+        """After the daemon went away before granting anything: a new connection
+        and session (there is nothing to re-attach: a waiting request is not kept)."""
+        fresh = Client.connect(self.sd, timeout=timeout)
+        os.dup2(fresh.sock.fileno(), self.sock.fileno())
+        fresh.sock.close()
+        self.buf, self.pending = fresh.buf, []
+        self.open_session()
+
     def close(self) -> None:
         self.sock.close()
 
@@ -152,12 +161,14 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
             if probe is not None:
                 probe.close()
                 return
-            _spawn_daemon(sd)
+            started = _spawn_daemon(sd, timeout)
             while time.monotonic() < deadline:
                 probe = _try_connect(sd.socket)
                 if probe is not None:
                     probe.close()
                     return
+                if not started:
+                    break  # it said it failed: no point waiting out the deadline
                 time.sleep(0.01)
     except filelock.Timeout:
         pass
@@ -165,7 +176,8 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
                             f"{timeout:g}s (see {sd.log})")  # fmt: skip
 
 
-def _spawn_daemon(sd: StateDir) -> None:
+def _spawn_daemon(sd: StateDir, timeout: float) -> bool:
+    """Start ``hold daemon --detach``; True once it says it serves, False if it failed."""
     # Not through supervisor.spawn: the daemon must carry no HOLD_TREE marker
     # (it would be stopped with the tree of whoever started it), and it keeps
     # the variables that locate its state and configuration.
@@ -179,6 +191,7 @@ def _spawn_daemon(sd: StateDir) -> None:
     # with it. So it is no subreaper until the daemon has left (an orphan of
     # the tree in that instant is still found by its marker).
     from supervisor.reaper import become_subreaper, is_subreaper
+    from supervisor.spawn import close_actions
 
     was_subreaper = is_subreaper()
     if was_subreaper:
@@ -192,11 +205,17 @@ def _spawn_daemon(sd: StateDir) -> None:
                 (os.POSIX_SPAWN_DUP2, devnull, 0),
                 (os.POSIX_SPAWN_DUP2, devnull, 1),
                 (os.POSIX_SPAWN_DUP2, log, 2),
+                # Nothing else of ours: the daemon outlives us, and a pipe of
+                # ours held open by it would never see its end of file.
+                *close_actions({log, devnull}),
             ],
             setsid=True,
         )
-        # --detach forks the real daemon and exits at once; reap that first process.
-        os.waitpid(pid, 0)
+        # The first process forks the daemon, waits until it serves (or
+        # fails, or `timeout` passes), says which by its exit status, and is
+        # reaped here; the daemon itself is orphaned and nobody's zombie.
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
     finally:
         os.close(log)
         os.close(devnull)

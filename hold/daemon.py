@@ -177,8 +177,11 @@ class Daemon:
 
     # ------------------------------------------------------------------ life
 
-    def serve(self) -> int:
-        """Run until SIGTERM/SIGINT. Returns the exit status (2: another daemon runs)."""
+    def serve(self, ready_fd: int | None = None) -> int:
+        """Run until SIGTERM/SIGINT. Returns the exit status (2: another daemon runs).
+
+        ``ready_fd`` gets one byte ("1") once the socket serves, and is closed.
+        """
         lock_fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                           0o600)  # fmt: skip
         try:
@@ -203,6 +206,9 @@ class Daemon:
         self.log.info("daemon_started", pid=os.getpid(), state_dir=self.sd.path,
                       classes={k: self.sizes[k] for k in self.classes})  # fmt: skip
         _sd_notify("READY=1")
+        if ready_fd is not None:
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
         try:
             while not self.stopping:
                 for key, _ in self.sel.select(self._next_timeout()):

@@ -243,7 +243,30 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     except BadValue as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    return Run(args, prog, cfg.cgroups, sd, spec).execute()
+    # Until the command runs (and its own handlers take over), a signal ends
+    # us cleanly: we may be starting the daemon or waiting in line, and a
+    # traceback (or a silent death that leaves an empty cgroup leaf) is no answer.
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, _interrupted) for s in forwarded}
+    try:
+        return Run(args, prog, cfg.cgroups, sd, spec).execute()
+    except Interrupted as e:
+        print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running",
+              file=sys.stderr)  # fmt: skip
+        return 128 + e.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
 
 
 class Run:
@@ -328,6 +351,9 @@ class Run:
             fg.discard()
             self.say(f"lost the ticket daemon: {e}")
             return EXIT_TOOL
+        except BaseException:
+            fg.discard()
+            raise
 
         def on_started(t: Tree) -> None:
             if client is not None and t.root is not None:
@@ -417,10 +443,13 @@ def acquire_lease(
     ``wait_timeout``), 125 (daemon gone), or the daemon's refusal code.
     Shared by ``hold run``/``npu-hold`` and ``hold up``.
     """
-    client.send({
+    from hold.client import DaemonUnreachable
+
+    ask = {
         "op": "acquire", "cls": cls, "indices": indices, "count": count,
         "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
-    })  # fmt: skip
+    }  # fmt: skip
+    client.send(ask)
     start = time.monotonic()
     deadline = None if wait_timeout is None else start + wait_timeout
     shown: object = None
@@ -444,8 +473,16 @@ def acquire_lease(
                 say(describe_wait(cls, latest))
             continue
         if msg is None:
-            say("the ticket daemon closed the connection")
-            return EXIT_TOOL
+            # The daemon died before granting anything (it keeps no waiting
+            # requests): start one and ask again, at the end of the line.
+            say("the ticket daemon went away; asking a new one (the place in line is lost)")
+            try:
+                client.reopen()
+                client.send(ask)
+            except (DaemonUnreachable, OSError, TimeoutError) as e:
+                say(f"cannot reach the ticket daemon: {e}")
+                return EXIT_TOOL
+            continue
         ev = msg.get("ev")
         if ev == "granted":
             lease = str(msg["lease"])

@@ -157,7 +157,7 @@ class Child:
             self.handle.send_signal(sig)
 
 
-def _close_actions(keep: set[int]) -> list[tuple[int, int]]:
+def close_actions(keep: set[int]) -> list[tuple[int, int]]:
     """A close action for every inheritable descriptor of ours not in ``keep``.
 
     Non-inheritable (close-on-exec) descriptors need none. glibc ignores a
@@ -226,7 +226,7 @@ def spawn(
     # dup2(fd, fd) clears close-on-exec (glibc >= 2.29), which is how a
     # named descriptor survives the exec at its own number.
     actions.extend((os.POSIX_SPAWN_DUP2, fd, fd) for fd in pass_fds)
-    actions.extend(_close_actions(keep))
+    actions.extend(close_actions(keep))
 
     if cgroup is not None:
         stub = _CGROUP_STUB if "PWD" in env else _CGROUP_STUB_NO_PWD
