@@ -309,10 +309,14 @@ def _survivors(
     nodes: dict[tuple[int, int], procscan.Node],
     ports: set[tuple[str, int]],
 ) -> dict[ProcessId, str]:
+    found = tree.members() if tree.contained else None
+    if found is not None and not nodes and not ports:
+        # A contained tree that held no file or port: the leaf says it all.
+        return {m.ident: "+".join(m.found_by) for m in found.values()}
     procs = procscan.snapshot()
-    out: dict[ProcessId, str] = {
-        m.ident: "+".join(m.found_by) for m in tree.members(procs).values()
-    }
+    if found is None:
+        found = tree.members(procs)
+    out: dict[ProcessId, str] = {m.ident: "+".join(m.found_by) for m in found.values()}
     protected = tree.protected(procs)
     # Only a process started at or after the tree's root can be its escapee;
     # an older one that holds the same file is somebody else's.

@@ -13,6 +13,13 @@ Membership, strongest first:
 * ``marker`` -- carries ``HOLD_TREE=<id>`` in its environment (survives all of
   the above; only a program that execs with a cleaned environment loses it).
 
+With a cgroup leaf (and no uid limit) the leaf alone is the tree, as the
+design has it: membership cannot be escaped by ``setsid`` or forking, and
+``populated 0`` proves it empty. The other means then cost a read of every
+process on the machine for nothing, so they are used only without a leaf.
+(Leaving the leaf takes write access to a cgroup above it: root's, or the
+delegating user's -- nothing a tree gains by forking.)
+
 The marker is used to *find* processes, never to authorise anything: a
 process can put any text it likes in its environment, so the most a forged
 marker can do is get its own process stopped along with a tree of the same
@@ -95,11 +102,19 @@ class Tree:
     def marker(self) -> bytes:
         return f"{MARKER}={self.tree_id}".encode()
 
+    @property
+    def contained(self) -> bool:
+        """True when the cgroup leaf alone says who the members are."""
+        return self.leaf is not None and self.uid is None and not self.spare
+
     def members(self, procs: dict[int, Stat] | None = None) -> dict[int, Member]:
         """Live (non-zombie) members now, each with how it was found.
 
-        Never includes this process or its ancestors.
+        Never includes this process or its ancestors. For a contained tree
+        (and no ``procs`` given) only the leaf and the root are read.
         """
+        if procs is None and self.contained:
+            return self._leaf_members()
         if procs is None:
             procs = procscan.snapshot()
         me = os.getpid()
@@ -148,6 +163,26 @@ class Tree:
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)
             out[pid] = Member(ident, st.comm, tuple(dict.fromkeys(why)))
+        return out
+
+    def _leaf_members(self) -> dict[int, Member]:
+        assert self.leaf is not None
+        found = {pid: ["cgroup"] for pid in self.leaf.pids()}
+        if self.root is not None:
+            # Until its stub has written it into the leaf, the root is outside.
+            found.setdefault(self.root.pid, []).append("root")
+        me = os.getpid()
+        protected = {me} | {st.pid for st in procscan.ancestors(me)}
+        out: dict[int, Member] = {}
+        for pid, why in found.items():
+            st = procscan.stat_of(pid)
+            if st is None or st.is_dead or pid in protected:
+                continue
+            if why == ["root"] and self.root is not None and st.starttime != self.root.starttime:
+                continue  # the root is gone and its pid reused
+            ident = ProcessId(pid, st.starttime)
+            self.seen.add(ident)
+            out[pid] = Member(ident, st.comm, tuple(why))
         return out
 
     def protected(self, procs: dict[int, Stat]) -> set[int]:
