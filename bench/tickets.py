@@ -58,7 +58,14 @@ if mode == "daemon":
     msg = {"op": "acquire", "cls": "npu", "count": 1, "label": "bench", "ttl": 600,
            "grace": 1, "wait": True}
     if tree:
-        msg["tree"] = {"tree_id": os.urandom(6).hex(), "leaf": None}
+        # As npu-hold registers one: with a cgroup leaf where one can be made.
+        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        tree_id = os.urandom(6).hex()
+        try:
+            leaf = Hierarchy.find().create("hold-" + tree_id).path
+        except CgroupUnavailable:
+            leaf = None
+        msg["tree"] = {"tree_id": tree_id, "leaf": leaf}
     c.send(msg)
     while True:
         m = c.recv(time.monotonic() + 120)

@@ -171,6 +171,7 @@ class Daemon:
         self.blocked: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.blocker_fds: dict[int, tuple[str, int]] = {}
         self.recheck_at: float | None = None
+        self.ended: list[dict[str, Any]] | None = None  # ended.json, once read
         self.checks: queue.SimpleQueue[tuple[Request, str, list[int], dict[int, Any]]] = (
             queue.SimpleQueue()
         )
@@ -679,6 +680,11 @@ class Daemon:
         trees = [self._tree_of(s, t) for t in s.trees.values()]
         devices = (s.lease.cls, s.lease.devices) if s.lease and self.scanned[s.lease.cls] else None
         uid = s.uid if os.geteuid() == 0 and s.uid != 0 else None
+        if not trees and devices is None:
+            # Nothing to stop or scan: end it in this turn of the loop (a
+            # thread's start-up would be most of the handoff's latency).
+            self.done.put((s.session_id, [], {}))
+            return
         args = (s.session_id, trees, grace, devices, uid)
         threading.Thread(target=self._stop_worker, args=args, daemon=True).start()
 
@@ -745,13 +751,13 @@ class Daemon:
                     # device stays out of reach until they are gone.
                     self._block(s.lease.cls, i, holders)
                     self._log("device_still_held", s, device=i, holders=holders)
-                self._remember(s)
             self._save()
             self._log("session_ended", s)
             for waiter in self.release_waiters.pop(sid, []):
                 waiter.send({"ev": "released", "survivors": survivors})
             if cls is not None:
                 self._schedule(cls)
+                self._remember(s)  # after the next grant: it is not on the handoff's path
 
     # ----------------------------------------------------------------- timers
 
@@ -844,15 +850,17 @@ class Daemon:
         """Keep the last leases that ended, so the audit can say whose a stray was."""
         assert s.lease is not None
         path = os.path.join(self.sd.path, "ended.json")
+        if self.ended is None:  # read once; from then on this daemon writes it
+            try:
+                with open(path, "rb") as f:
+                    past = json.loads(f.read())
+                self.ended = past[-ENDED_KEPT:] if isinstance(past, list) else []
+            except (OSError, ValueError):
+                self.ended = []
+        self.ended.append({**self._record(s), "ended": time.time()})
+        del self.ended[:-ENDED_KEPT]
         try:
-            with open(path, "rb") as f:
-                past = json.loads(f.read())
-        except (OSError, ValueError):
-            past = []
-        past.append({**self._record(s), "ended": time.time(),
-                     "trees": list(s.trees)})  # fmt: skip
-        try:
-            write_atomic(path, json.dumps(past[-ENDED_KEPT:]).encode(), 0o644)
+            write_atomic(path, json.dumps(self.ended).encode(), 0o644)
         except (UnsafePath, OSError) as e:
             self._log("history_not_written", s, error=str(e))
 

@@ -1,6 +1,6 @@
 """What the daemon must not forget: sessions, their leases and their trees.
 
-Written to ``state.json`` (atomically, fsynced) *before* the daemon acts on
+Written to ``state.json`` (atomically: temp file and rename) *before* the daemon acts on
 it: before a grant is sent, before a tree registration is acknowledged. A
 daemon that is SIGKILLed and started again reads it back, so no device is
 granted twice and no registered tree loses its guardian.

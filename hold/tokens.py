@@ -24,7 +24,13 @@ class UnsafePath(Exception):
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Write ``path`` whole or not at all: a temp file beside it, fsync, rename.
+    """Write ``path`` whole or not at all: a temp file beside it, then rename.
+
+    No fsync, on purpose: what this protects against is the death of the
+    writer (a SIGKILLed daemon), and the page cache outlives any process. A
+    machine crash loses the last write, but it also ends every process the
+    record could be about (and /run is wiped at boot). An fsync would cost a
+    few milliseconds in every grant and release, for nothing.
 
     Refuses if ``path`` is a symlink or not a regular file; the temp file is
     created with ``O_EXCL|O_NOFOLLOW``, so nothing is ever written through a
@@ -41,7 +47,6 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.write(fd, data)
-        os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
