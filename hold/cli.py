@@ -75,8 +75,8 @@ def daemon_cmd(detach: bool) -> None:
             os.close(w)
             import select
 
-            ok = select.select([r], [], [], 30.0)[0] and os.read(r, 1) == b"1"
-            os._exit(0 if ok else 1)
+            said = os.read(r, 1) if select.select([r], [], [], 30.0)[0] else b""
+            os._exit({b"1": 0, b"2": 3}.get(said, 1))  # 3: another daemon serves
         os.close(r)
         ready_fd = w
     daemon = Daemon(
@@ -273,6 +273,32 @@ def restart_cmd(name: str, unit: str) -> None:
     from hold.stackcmd import main_restart
 
     raise SystemExit(main_restart(name, unit))
+
+
+@cli.command("call")
+@click.argument("name")
+@click.argument("unit")
+@click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
+              help="An argument, read by its declared type (repeatable).")  # fmt: skip
+@click.option("--json-args", metavar="FILE|-", help="Arguments as a JSON object (- for stdin).")
+@click.option("--no-wait", is_flag=True, help="Exit 75 at once if every slot is taken.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
+def call_cmd(
+    name: str,
+    unit: str,
+    arg_pairs: tuple[str, ...],
+    json_args: str | None,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Run task UNIT of the running stack NAME once; its stdout, and its exit status.
+
+    The stack checks the arguments (exit 2 if refused), runs the task on its
+    CPU lane and stops it at its timeout (exit 124). Ctrl-C cancels the call.
+    """
+    from hold.callcmd import main_call
+
+    raise SystemExit(main_call(name, unit, list(arg_pairs), json_args, no_wait, as_json))
 
 
 __all__ = ["cli", "help_text"]

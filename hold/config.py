@@ -75,23 +75,9 @@ def parse_file(path: str) -> Config:
                 raise BadValue("cgroups", mode, "one of " + ", ".join(CGROUP_MODES), where)
             values["cgroups"] = mode
         elif key == "compat":
-            for ck, (ckn, cvn) in _mapping(vnode, path, "compat").items():
-                cwhere = f"{path}:{ckn.start_mark.line + 1}"
-                if ck != "home_tokens":
-                    raise BadValue("key compat.", ck, "home_tokens", cwhere)
-                v = _scalar(cvn, path)
-                if v not in ("true", "false"):
-                    raise BadValue("compat.home_tokens", v, "true or false", cwhere)
-                values["home_tokens"] = v == "true"
+            values["home_tokens"] = _flag(vnode, path, "compat", "home_tokens")
         elif key == "state":
-            for sk, (skn, svn) in _mapping(vnode, path, "state").items():
-                swhere = f"{path}:{skn.start_mark.line + 1}"
-                if sk != "shared":
-                    raise BadValue("key state.", sk, "shared", swhere)
-                v = _scalar(svn, path)
-                if v not in ("true", "false"):
-                    raise BadValue("state.shared", v, "true or false", swhere)
-                values["shared_state"] = v == "true"
+            values["shared_state"] = _flag(vnode, path, "state", "shared")
         elif key == "busy_devices":
             mode = _scalar(vnode, path)
             if mode not in BUSY_MODES:
@@ -104,6 +90,20 @@ def parse_file(path: str) -> Config:
                 "key", key, "one of busy_devices, cgroups, compat, devices, state", where
             )
     return Config(**values)
+
+
+def _flag(node: Any, path: str, section: str, name: str) -> bool:
+    """``section: {name: true|false}``, the one key such a section has."""
+    value = False
+    for key, (knode, vnode) in _mapping(node, path, section).items():
+        where = f"{path}:{knode.start_mark.line + 1}"
+        if key != name:
+            raise BadValue(f"key {section}.", key, name, where)
+        text = _scalar(vnode, path)
+        if text not in ("true", "false"):
+            raise BadValue(f"{section}.{name}", text, "true or false", where)
+        value = text == "true"
+    return value
 
 
 def _mapping(node: Any, path: str, what: str) -> dict[str, tuple[Any, Any]]:

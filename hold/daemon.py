@@ -181,7 +181,8 @@ class Daemon:
     def serve(self, ready_fd: int | None = None) -> int:
         """Run until SIGTERM/SIGINT. Returns the exit status (2: another daemon runs).
 
-        ``ready_fd`` gets one byte ("1") once the socket serves, and is closed.
+        ``ready_fd`` gets one byte once the socket serves ("1"), or when another
+        daemon holds the lock ("2"); nothing if this one fails.
         """
         lock_fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                           0o600)  # fmt: skip
@@ -191,6 +192,8 @@ class Daemon:
             other = os.pread(lock_fd, 32, 0).decode(errors="replace").strip()
             print(f"hold daemon: another daemon (pid {other or '?'}) already serves "
                   f"{self.sd.path}", file=sys.stderr)  # fmt: skip
+            if ready_fd is not None:
+                os.write(ready_fd, b"2")  # not a failure for whoever wants one to serve
             return 2
         os.ftruncate(lock_fd, 0)
         os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)

@@ -288,21 +288,18 @@ class Run:
 
     def execute(self) -> int:
         from hold.client import Client, DaemonUnreachable
-        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.environ import minimal_env
         from supervisor.foreground import Foreground, is_foreground_tty
         from supervisor.spawn import SpawnError, resolve
         from supervisor.tree import Tree
 
         args = self.args
-        hierarchy = None
-        if self.cgroups != "off":
-            try:
-                hierarchy = Hierarchy.find()
-            except CgroupUnavailable as e:
-                if self.cgroups == "required":
-                    self.say(f"cgroups: required, but {e}")
-                    return 2
+        try:
+            hierarchy = hierarchy_for(self.cgroups)
+        except CgroupUnavailable as e:
+            self.say(f"cgroups: required, but {e}")
+            return 2
         tree_id = os.urandom(6).hex()
         env = minimal_env(os.environ, tree_id=tree_id, pass_names=args.pass_env, extra=args.env)
         try:  # refuse a missing command before taking anyone's device

@@ -208,19 +208,16 @@ class StackRun:
     def execute(self) -> int:
         from hold.client import Client, DaemonUnreachable
         from hold.config import load
-        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.stack import Display, Stack, StackError
 
         spec = self.spec
         cfg = load()
-        hierarchy = None
-        if cfg.cgroups != "off":
-            try:
-                hierarchy = Hierarchy.find()
-            except CgroupUnavailable as e:
-                if cfg.cgroups == "required":
-                    self.say(f"cgroups: required, but {e}")
-                    return 2
+        try:
+            hierarchy = hierarchy_for(cfg.cgroups)
+        except CgroupUnavailable as e:
+            self.say(f"cgroups: required, but {e}")
+            return 2
         display = Display(write=self.status.write, live=False) if self.status else Display()
         stack = Stack(
             spec,
@@ -514,6 +511,23 @@ def main_ps(name: str | None, as_json: bool) -> int:
             ]
         )
     print(_table(rows))
+    calls = s.get("calls") or []
+    if calls:
+        print()
+        rows = [["CALL", "UNIT", "STATE", "PID", "RUNNING", "QUEUED", "CPUS"]]
+        for c in calls:
+            rows.append(
+                [
+                    c["call"],
+                    c["unit"],
+                    c["state"],
+                    str(c["pid"] or "-"),
+                    _age(c["running_s"]),
+                    _age(c["queued_s"]),
+                    c["cpus"],
+                ]
+            )
+        print(_table(rows))
     return 0
 
 

@@ -68,12 +68,25 @@ class Leaf:
         return f"{self.path}/cgroup.procs"
 
     def pids(self) -> list[int]:
-        """Processes in the leaf now (an empty list once it is gone)."""
+        """Processes in the leaf now, and in any cgroup below it (an empty list once
+        it is gone).
+
+        Below it: a task unit's calls each get a leaf inside the unit's leaf, and
+        the unit's tree (what the guardian stops) is all of them, as it is for
+        ``cgroup.kill`` and ``populated``, which count the whole subtree too.
+        """
         try:
             with open(self.procs_file, "rb") as f:
-                return [int(x) for x in f.read().split()]
+                out = [int(x) for x in f.read().split()]
         except FileNotFoundError:
             return []
+        try:
+            subs = [e.path for e in os.scandir(self.path) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            subs = []
+        for sub in subs:
+            out.extend(Leaf(sub).pids())
+        return out
 
     def populated(self) -> bool:
         """False once no process of the tree is left (zombies do not count)."""
@@ -127,6 +140,14 @@ class Leaf:
         real = os.path.realpath(self.path)
         if os.path.islink(self.path) or os.path.dirname(real) != real_root:
             raise ValueError(f"refusing to remove {self.path}: not a leaf directly under {root}")
+        # Empty cgroups below it first (a task's call leaves, left by a stop
+        # that the owner did not live to clean up); a busy one keeps it all.
+        try:
+            subs = [e.name for e in os.scandir(real) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            subs = []
+        for name in subs:
+            Leaf(os.path.join(real, name)).remove(real)
         try:
             os.rmdir(real)
         except FileNotFoundError:
@@ -141,6 +162,22 @@ def _populated(events: bytes) -> bool:
         if line.startswith(b"populated "):
             return line.split()[1] != b"0"
     return True  # no such key: assume the worst
+
+
+def hierarchy_for(mode: str) -> Hierarchy | None:
+    """The hierarchy to make leaves in, under a ``cgroups:`` mode.
+
+    ``off``: None. ``auto``: one if it can be had, else None (the walk).
+    ``required``: one, or :class:`CgroupUnavailable` saying why not.
+    """
+    if mode == "off":
+        return None
+    try:
+        return Hierarchy.find()
+    except CgroupUnavailable:
+        if mode == "required":
+            raise
+        return None
 
 
 class Hierarchy:

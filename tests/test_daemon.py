@@ -389,7 +389,10 @@ def test_daemon_sigkilled_holder_reattaches_nobody_else_granted(
     # The waiter lost its place with its connection, and asked the new daemon
     # again: it waits in line (in some order with C), never granted meanwhile.
     wait_for(lambda: "asking a new one" in clients.stderr(w), 20, 0.05, "the waiter to re-ask")
-    wait_queued("npu", 2)
+    try:
+        wait_queued("npu", 2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nW: {clients.stderr(w)}\nC: {clients.stderr(c)}") from None
     st = status()["npu"]
     assert st["devices"][0]["holder"]["lease"] == lease
     assert st["devices"][0]["holder"]["pid"] == h.pid
