@@ -386,18 +386,31 @@ def _cgroup_dir(pid: int) -> str | None:
 # ------------------------------------------------------------------ details
 
 
-def rss_bytes(pid: int) -> int | None:
+class Details(NamedTuple):
+    command: str
+    age_s: float | None
+    rss_bytes: int | None
+
+
+def details(pid: int) -> Details:
+    """What a person needs to see of a holder, through psutil.
+
+    Only for the few holders found, after the scan, so psutil's per-process
+    object costs nothing that matters, and it tells a process that is gone
+    from one we may not read.
+    """
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def age_seconds(starttime: int) -> float:
-    with open("/proc/uptime", "rb") as f:
-        uptime = float(f.read().split()[0])
-    return max(0.0, uptime - starttime / os.sysconf("SC_CLK_TCK"))
+        p = psutil.Process(pid)
+        with p.oneshot():
+            command = " ".join(p.cmdline()) or f"[{p.name()}]"
+            return Details(command, max(0.0, time.time() - p.create_time()),
+                           p.memory_info().rss)  # fmt: skip
+    except psutil.NoSuchProcess:
+        return Details("(exited)", None, None)
+    except psutil.AccessDenied:
+        return Details("(not readable)", None, None)
 
 
 def device_memory(holders: list[Holder]) -> dict[tuple[int, str, int | None], int]:
@@ -509,13 +522,14 @@ def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None
             user = pwd.getpwuid(h.uid).pw_name
         except KeyError:
             user = str(h.uid)
+        d = details(h.pid)
         rows.append({
             "device": h.cls if h.unit is None else f"{h.cls}:{h.unit}",
             "cls": h.cls, "index": h.unit, "node": h.node, "how": h.how,
             "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": user,
-            "command": procscan_cmdline(h.pid),
-            "age_s": round(age_seconds(h.starttime), 1),
-            "rss_bytes": rss_bytes(h.pid),
+            "command": d.command,
+            "age_s": None if d.age_s is None else round(d.age_s, 1),
+            "rss_bytes": d.rss_bytes,
             "device_memory_bytes": mem.get((h.pid, h.cls, h.unit),
                                            mem.get((h.pid, h.cls, None))),
             "covered": v.covered, "lease": v.lease, "label": v.label, "why": v.why,
@@ -528,15 +542,6 @@ def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None
         "processes": result.processes,
         "scan_seconds": round(result.seconds, 4),
     }
-
-
-def procscan_cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return "?"
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace") or "?"
 
 
 def render_table(doc: dict[str, Any]) -> str:
@@ -575,9 +580,6 @@ def _size(n: int | None) -> str:
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
         n = n / 1024  # type: ignore[assignment]
     return str(n)
-
-
-__all__ = ["build_report", "json", "render_table", "scan", "targets"]
 
 
 # ------------------------------------------------------------------- --kill

@@ -17,7 +17,7 @@ import os
 import pwd
 from typing import Any
 
-from hold.audit import Holder, device_memory, procscan_cmdline, scan, targets
+from hold.audit import Holder, details, device_memory, scan, targets
 from hold.devices import DeviceClass
 from supervisor import procscan
 from supervisor.identity import ProcessId
@@ -52,7 +52,7 @@ def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict
         user = str(h.uid)
     return {
         "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": user,
-        "command": procscan_cmdline(h.pid)[:200], "node": h.node,
+        "command": details(h.pid).command[:200], "node": h.node,
         "memory_bytes": memory.get((h.pid, h.cls, h.unit)),
     }  # fmt: skip
 
