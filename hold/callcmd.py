@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import select
 import signal
 import socket
@@ -29,7 +28,6 @@ EXIT_USAGE = 2
 EXIT_TOOL = 125
 EXIT_CANCELLED = 130
 PROG = "hold call"
-_STACK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _CANCEL_WAIT_MARGIN = 15.0  # beyond the task's grace, for the stop after a cancel
 
 
@@ -89,19 +87,18 @@ def main_call(
     no_wait: bool,
     as_json: bool,
 ) -> int:
-    from hold.stackcmd import _open_sd, run_dir_of
+    from hold.statedir import open_state_dir  # not hold.stackcmd: a call starts lean
     from supervisor.parse import BadValue
+    from supervisor.stackctl import check_stack_name
 
-    if not _STACK_NAME.fullmatch(name):
-        say(f"stack name {name!r} is not valid: letters, digits, '.', '_' and '-'")
-        return EXIT_USAGE
     try:
+        check_stack_name(name)
         args, text_args = parse_args(arg_pairs, json_args)
-        sd = _open_sd()
+        sd = open_state_dir()
     except (ValueError, BadValue) as e:
         say(str(e))
         return EXIT_USAGE
-    path = os.path.join(run_dir_of(sd, name), "control.sock")
+    path = os.path.join(sd.path, "stacks", name, "control.sock")  # as hold.stackcmd.run_dir_of
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         try:

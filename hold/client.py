@@ -13,11 +13,14 @@ import select
 import socket
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
 from hold.statedir import StateDir
 
 START_TIMEOUT = 10.0
+T = TypeVar("T")
 
 
 class DaemonUnreachable(Exception):
@@ -103,6 +106,18 @@ class Client:
     def reattach(self, timeout: float = START_TIMEOUT) -> Message:
         """After the daemon went away: connect again (starting one) and re-attach."""
         assert self.session is not None
+        session = self.session
+        return self._renew(lambda: self.request({"op": "attach", "session": session}), timeout)
+
+    def reopen(self, timeout: float = START_TIMEOUT) -> None:
+        """After the daemon went away before granting anything: a new connection
+        and session (there is nothing to re-attach: a waiting request is not kept)."""
+        self._renew(self.open_session, timeout)
+
+    def _renew(self, first: Callable[[], T], timeout: float) -> T:
+        """Connect again (starting a daemon if none answers), keeping our
+        descriptor number, and make ``first`` the first exchange; retried
+        until ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -118,23 +133,14 @@ class Client:
             fresh.sock.close()
             self.buf, self.pending = fresh.buf, []
             try:
-                return self.request({"op": "attach", "session": self.session})
-            except (DaemonUnreachable, OSError):
+                return first()
+            except (DaemonUnreachable, OSError, ProtocolError):
                 # A SIGKILLed daemon's listener can outlive its connections by
                 # an instant (the kernel releases them in turn), so the connect
                 # above may have reached the dying daemon: try again.
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-
-    def reopen(self, timeout: float = START_TIMEOUT) -> None:
-        """After the daemon went away before granting anything: a new connection
-        and session (there is nothing to re-attach: a waiting request is not kept)."""
-        fresh = Client.connect(self.sd, timeout=timeout)
-        os.dup2(fresh.sock.fileno(), self.sock.fileno())
-        fresh.sock.close()
-        self.buf, self.pending = fresh.buf, []
-        self.open_session()
 
     def close(self) -> None:
         self.sock.close()

@@ -1,5 +1,6 @@
-"""Console entry points. ``hold run``, ``npu-hold`` and ``gpu-hold`` are
-dispatched before click is imported (their start-up time is a benchmark).
+"""Console entry points. ``hold run``, ``npu-hold``, ``gpu-hold`` and
+``hold down NAME`` are dispatched before click is imported (their start-up
+time is a benchmark).
 
 Every other subcommand goes through the click group in :mod:`hold.cli`.
 """
@@ -10,11 +11,27 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    from supervisor.parse import BadValue
+
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BadValue as e:  # bad input found deep down: still exit 2, not a traceback
+        print(f"hold: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "run":
         from hold.runcmd import main_run
 
         return main_run(argv[1:])
+    if len(argv) == 2 and argv[0] == "down" and not argv[1].startswith("-"):
+        # `hold down NAME` without click (~20 ms of imports): a stop's time
+        # counts from here, and the stack cannot start stopping before this
+        # process has asked it to (bench/stack.py).
+        from hold.stackcmd import main_down
+
+        return main_down(argv[1])
     from hold.cli import cli
 
     try:

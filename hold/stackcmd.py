@@ -82,7 +82,10 @@ def load_checked(path: str) -> StackSpec:
 
 
 def run_dir_of(sd: StateDir, name: str) -> str:
-    return os.path.join(sd.path, "stacks", name)
+    """The stack's directory; :class:`BadValue` for a name that is not one."""
+    from supervisor.stackctl import check_stack_name
+
+    return os.path.join(sd.path, "stacks", check_stack_name(name))
 
 
 def _open_sd() -> StateDir:

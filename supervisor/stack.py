@@ -20,7 +20,16 @@ Threads and who owns what:
   its log probe), reading with a deadline so it can always be told to stop,
   even when an escapee keeps the pipe open;
 * the **control server** answers ``ps`` itself and hands ``down`` and
-  ``restart`` to the main thread.
+  ``restart`` to the main thread; a ``call`` is served in its connection's
+  thread, by the task unit's :class:`~supervisor.task.TaskRunner` (each call
+  has a thread of its own, which owns its child).
+
+Task units (``kind: task``) are not started: each call runs the unit once
+(:mod:`supervisor.task`). Like a service, a task unit has one tree id,
+marker and cgroup leaf for the stack's life, registered with the guardian
+before anything starts; each call's leaf lies inside the unit's, so the
+guardian's stop of the unit reaches every call. Calls are taken while the
+stack is up, and are stopped first when it stops.
 
 Each unit has one tree id, marker and cgroup leaf for the stack's whole
 life, so a restart needs no new registration with a guardian: the caller is
@@ -30,6 +39,7 @@ each new root after each spawn (``on_started``).
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -54,6 +64,7 @@ from supervisor.spawn import Child, SpawnError, owned_pids, resolve, spawn
 from supervisor.stackctl import ControlServer, Message, Reply
 from supervisor.stackfile import StackSpec, UnitSpec, fill, filled_env
 from supervisor.stop import StopReport, Survivor, reap_adopted, stop_tree
+from supervisor.task import Call, CallRefused, CallResult, TaskRunner
 from supervisor.tree import Tree
 from supervisor.unitlog import RotatingLog
 
@@ -237,6 +248,20 @@ class Unit:
         }
 
 
+class TaskUnit:
+    """A task unit at run time: its tree (id, leaf), command and environment, and the
+    runner that serves its calls once the stack runs."""
+
+    def __init__(self, name: str, spec: UnitSpec) -> None:
+        self.name = name
+        self.spec = spec
+        self.tree_id = os.urandom(6).hex()
+        self.leaf: Leaf | None = None
+        self.argv: tuple[str, ...] = spec.cmd
+        self.env: dict[str, str] = {}
+        self.runner: TaskRunner | None = None
+
+
 def _status(code: int | None) -> str:
     if code is None:
         return "unknown status"
@@ -317,8 +342,10 @@ class Stack:
         self.run_for = run_for
         self.on_ready = on_ready
         self.source = source or spec.path
-        self.order = spec.order()
+        # Services are started and supervised; task units run per call.
+        self.order = [n for n in spec.order() if spec.units[n].kind == "service"]
         self.units = {n: Unit(n, spec.units[n]) for n in self.order}
+        self.tasks = {n: TaskUnit(n, u) for n, u in spec.units.items() if u.kind == "task"}
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.abort = threading.Event()
         self.cause: Cause | None = None
@@ -436,10 +463,19 @@ class Stack:
             elif r.exec is not None:
                 argv = tuple(fill(a, **f) for a in r.exec)  # type: ignore[arg-type]
                 u.probe = readiness.ExecProbe(argv, self._probe_starter(u))
+        for t in self.tasks.values():
+            f = {"unit": t.name, "ports": ports, "run_dir": self.run_dir}
+            t.argv = tuple(fill(a, **f) for a in t.spec.cmd)  # type: ignore[arg-type]
+            t.env = self._env_of(t)
+            try:
+                resolve(t.argv[0], t.env.get("PATH"))
+            except SpawnError as e:
+                errors.append(f"{self._where(t.name, 'cmd')}: {e}")
+                code = e.exit_code
         if errors:
             raise StackError(errors, code)
 
-    def _env_of(self, u: Unit) -> dict[str, str]:
+    def _env_of(self, u: Unit | TaskUnit) -> dict[str, str]:
         extra = {
             **filled_env(u.spec, u.name, self.ports, self.run_dir),
             **self.extra_env,
@@ -478,6 +514,31 @@ class Stack:
                 target=self._read_output, args=(u,), name=f"out-{u.name}", daemon=True
             )
             u.reader.start()
+
+    def _open_tasks(self) -> None:
+        for t in self.tasks.values():
+            log = RotatingLog(os.path.join(self.run_dir, "logs", f"{t.name}.log"))
+            t.runner = TaskRunner(
+                t.name,
+                t.spec,
+                env=t.env,
+                argv=t.argv,
+                leaf=t.leaf,
+                log=log,
+                on_end=self._on_call_end,
+            )
+
+    def _on_call_end(self, r: CallResult) -> None:
+        """In the call's thread: say what went wrong (each call is in the unit's log)."""
+        if r.outcome == "exited" and not r.survivors:
+            return
+        why = r.detail or r.outcome
+        text = f"{r.unit}: call {r.call_id} {r.outcome} (exit {r.exit_code}, {r.wall:.2f}s)"
+        if r.outcome != "exited":
+            text += f": {why}"
+        if r.survivors:
+            text += f"; {len(r.survivors)} process(es) SURVIVED its stop"
+        self.say(text)
 
     def _read_output(self, u: Unit) -> None:
         reader = LineReader(u.out_r)
@@ -552,6 +613,8 @@ class Stack:
                 self.extra_env.update(extra_env)
             for u in self.units.values():
                 u.env = self._env_of(u)
+            for t in self.tasks.values():
+                t.env = self._env_of(t)
             self._make_trees()
             return self._run_prepared()
         finally:
@@ -561,15 +624,16 @@ class Stack:
         from supervisor.cgroup import CgroupUnavailable
 
         try:
+            every: list[Unit | TaskUnit] = [*self.units.values(), *self.tasks.values()]
             if self.hierarchy is not None:
-                for u in self.units.values():
+                for u in every:
                     u.leaf = self.hierarchy.create(f"hold-{u.tree_id}")
             else:
                 from supervisor.reaper import become_subreaper
 
                 become_subreaper()
             if self.on_tree_prepared is not None:
-                for u in self.units.values():
+                for u in every:
                     self.on_tree_prepared(u.name, u.tree_id, u.leaf)
         except CgroupUnavailable as e:
             self._remove_leaves()
@@ -579,7 +643,8 @@ class Stack:
             raise
 
     def _remove_leaves(self) -> None:
-        for u in self.units.values():
+        every: list[Unit | TaskUnit] = [*self.units.values(), *self.tasks.values()]
+        for u in every:
             if u.leaf is not None and self.hierarchy is not None:
                 try:
                     u.leaf.remove(self.hierarchy.base)
@@ -602,6 +667,7 @@ class Stack:
         old_wakeup = signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
         try:
             self._open_outputs()
+            self._open_tasks()
             self._control = ControlServer(
                 os.path.join(self.run_dir, "control.sock"), self._on_request
             )
@@ -659,8 +725,18 @@ class Stack:
     # ------------------------------------------------------------------ the loop
 
     def _loop(self, sig_r: int) -> None:
-        self.say(f"starting stack {self.name} ({len(self.units)} units) from {self.source}")
+        n = len(self.units) + len(self.tasks)
+        self.say(f"starting stack {self.name} ({n} units) from {self.source}")
+        for task in self.tasks.values():
+            if task.runner is not None:
+                r = task.runner
+                self.say(
+                    f"{task.name}: task, runs per call once the stack is up (cpus "
+                    f"{format_cpus(r.cpus)}, timeout {r.timeout:g}s, concurrency "
+                    f"{r.concurrency}); hold call {self.name} {task.name}"
+                )
         self._launch_starts()
+        self._maybe_up()
         tick = 0.1 if self.display.live else None
         while self.cause is None:
             poller = select.poll()
@@ -861,18 +937,7 @@ class Stack:
             u.detail = why
             self.say(f"{u.name}: ready after {u.ready_at - u.spawned_at:.2f}s ({why})")
             self._launch_starts()
-            if self.phase == "starting" and all(x.state == "ready" for x in self.units.values()):
-                self.phase = "running"
-                self.up_at = time.monotonic()
-                self._draw()
-                self.display.end_table()
-                took = self.up_at - self.started_at
-                self.say(
-                    f"stack {self.name} is up ({len(self.units)} units, {took:.2f}s); "
-                    f"hold ps {self.name} / hold down {self.name}"
-                )
-                if self.on_ready is not None:
-                    self.on_ready()
+            self._maybe_up()
             return
         if outcome == "aborted":
             u.state = "stopping" if u.tree is not None else "waiting"
@@ -893,6 +958,23 @@ class Stack:
             )
             return
         self._after_end(u, failed=True, code=code, why=why)
+
+    def _maybe_up(self) -> None:
+        """Once every service is ready (at once when there are none), the stack is up
+        and its task units take calls."""
+        if self.phase == "starting" and all(x.state == "ready" for x in self.units.values()):
+            self.phase = "running"
+            self.up_at = time.monotonic()
+            self._draw()
+            self.display.end_table()
+            took = self.up_at - self.started_at
+            n = len(self.units) + len(self.tasks)
+            self.say(
+                f"stack {self.name} is up ({n} units, {took:.2f}s); "
+                f"hold ps {self.name} / hold down {self.name}"
+            )
+            if self.on_ready is not None:
+                self.on_ready()
 
     def _reap_if_exited(self, u: Unit) -> None:
         c = u.child
@@ -992,19 +1074,92 @@ class Stack:
                     "phase": self.phase,
                     "uptime": round(now - self.started_at, 3),
                     "run_dir": self.run_dir,
-                    "units": [u.snapshot(now) for u in self.units.values()],
+                    "units": [u.snapshot(now) for u in self.units.values()]
+                    + [
+                        t.runner.snapshot(self.phase == "running" and self.cause is None)
+                        for t in self.tasks.values()
+                        if t.runner is not None
+                    ],
+                    "calls": [
+                        c.snapshot(now)
+                        for t in self.tasks.values()
+                        if t.runner is not None
+                        for c in t.runner.running()
+                    ],
                 },
                 done=True,
             )
+        elif op == "call":
+            self._serve_call(msg, reply)
         elif op == "down":
             self._post("call", lambda: self._down(reply))
         elif op == "restart":
             self._post("call", lambda: self._restart(str(msg.get("unit")), reply))
         else:
             reply.send(
-                {"ev": "error", "error": f"unknown op {op!r}; accepted: ps, down, restart"},
+                {"ev": "error", "error": f"unknown op {op!r}; accepted: ps, down, restart, call"},
                 done=True,
             )
+
+    def _serve_call(self, msg: Message, reply: Reply) -> None:
+        """In the connection's thread: one call of a task unit, from request to result.
+
+        Answers ``accepted`` (with the call id) once it is in, then ``result``
+        (``done``). The call is cancelled if the client goes away (the
+        connection closes: Ctrl-C, SIGKILL) or asks to (``{"op": "cancel"}``
+        on the same connection); the result then still comes, to whoever is
+        left to read it.
+        """
+        name = msg.get("unit")
+        t = self.tasks.get(name) if isinstance(name, str) else None
+        if t is None or t.runner is None:
+            tasks = ", ".join(self.tasks) or "none"
+            what = "a service, not a task" if name in self.units else "no unit"
+            why = f"{name!r} is {what} of stack {self.name} (task units: {tasks})"
+            reply.send({"ev": "error", "code": 2, "errors": [why]}, done=True)
+            return
+        if self.phase != "running" or self.cause is not None:
+            state = "stopping" if self.cause is not None else self.phase
+            reply.send(
+                {
+                    "ev": "error",
+                    "code": 75,
+                    "errors": [f"stack {self.name} is {state}: calls are taken while it is up"],
+                },
+                done=True,
+            )
+            return
+        text_args = msg.get("text_args") or {}
+        if not isinstance(text_args, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in text_args.items()
+        ):
+            reply.send(
+                {"ev": "error", "code": 2, "errors": ["text_args: a mapping of names to text"]},
+                done=True,
+            )
+            return
+        try:
+            call = t.runner.submit(
+                msg.get("args", {}), text_args=text_args, no_wait=bool(msg.get("no_wait"))
+            )
+        except CallRefused as e:
+            reply.send({"ev": "error", "code": e.code, "errors": e.errors}, done=True)
+            return
+        reply.send(
+            {
+                "ev": "accepted",
+                "call": call.id,
+                "unit": t.name,
+                "state": call.state,
+                "timeout": t.runner.timeout,
+                "grace": t.spec.stop.grace,
+            }
+        )
+        _follow_call(call, reply)
+        r = call.result()
+        ans = {"ev": "result", **r.to_json(stdout=False)}
+        ans["stdout_b64"] = base64.b64encode(r.stdout).decode()
+        reply.send(ans, done=True)
 
     def _down(self, reply: Reply) -> None:
         reply.send({"ev": "stopping"})
@@ -1123,9 +1278,24 @@ class Stack:
             u.wake()
             if isinstance(u.probe, readiness.ExecProbe):
                 u.probe.abort()
+        # Calls first: a running call may use the services (an executor asking
+        # the model server), and it takes no new ones from here on.
+        runners = [t.runner for t in self.tasks.values() if t.runner is not None]
+        calls = sum(len(r.running()) for r in runners)
+        for r in runners:
+            r.cancel_all("the stack is stopping")
+        reports: list[tuple[str, StopReport]] = []
+        if calls:
+            self.say(f"stopping {calls} running call(s)")
+        for r in runners:
+            for res in r.close():
+                if res.report is not None:
+                    reports.append((f"{res.unit} call {res.call_id}", res.report))
         # Jobs notice the abort within a probe interval; a stop in progress
         # finishes its grace. Bounded either way.
-        limit = time.monotonic() + max(u.spec.stop.grace for u in self.units.values()) + 10
+        limit = (
+            time.monotonic() + max((u.spec.stop.grace for u in self.units.values()), default=0) + 10
+        )
         for u in self.units.values():
             if u.job is not None:
                 u.job.join(timeout=max(0.0, limit - time.monotonic()))
@@ -1137,7 +1307,6 @@ class Stack:
         if started:
             names = [u.name for lv in self._levels() for u in lv if u in started]
             self.say(f"stopping {', '.join(names)}{why}")
-        reports: list[tuple[str, StopReport]] = []
         for level in self._levels():
             todo = [u for u in level if u.tree is not None]
             threads = []
@@ -1159,6 +1328,12 @@ class Stack:
             if u.tree.members():
                 rep = stop_tree(u.tree, sig=signal.SIGKILL, grace=0)
                 reports.append((u.name, rep))
+        for task in self.tasks.values():
+            # Every call of the unit, by the unit's leaf (each call's lies in
+            # it) and marker: a call whose stop was cut short is found here.
+            tt = Tree(task.tree_id, None, None, None, leaf=task.leaf, since=self.since_ticks)
+            if tt.members():
+                reports.append((task.name, stop_tree(tt, sig=signal.SIGKILL, grace=0)))
         if self.hierarchy is None:
             sweep = Tree(
                 f"{os.getpid():x}sweep",
@@ -1236,3 +1411,43 @@ def _drain(fd: int) -> list[int]:
         if not data:
             return out
         out.extend(data)
+
+
+def _follow_call(call: Call, reply: Reply) -> None:
+    """Wait for ``call`` to end while watching its client: gone (end of file,
+    reset) or asking ``{"op": "cancel"}`` cancels it. Returns once it is done."""
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    lock = threading.Lock()
+    closed = False
+
+    def done(_c: Call) -> None:
+        # Under the lock: never a write to the number once it is closed (and reused).
+        with lock:
+            if not closed:
+                os.write(wake_w, b"x")
+
+    try:
+        call.add_done_callback(done)
+        poller = select.poll()
+        poller.register(wake_r, select.POLLIN)
+        client = reply.fileno()
+        if client >= 0:
+            poller.register(client, select.POLLIN | select.POLLRDHUP)
+        asked = b""
+        while not call.done():
+            for fd, _ev in poller.poll():
+                if fd != client:
+                    continue
+                data = reply.recv()
+                if not data:
+                    poller.unregister(client)
+                    call.cancel("the caller went away (hold call ended)")
+                    continue
+                asked = (asked + data)[-256:]
+                if b'"cancel"' in asked:
+                    call.cancel("cancelled by the caller")
+    finally:
+        with lock:
+            closed = True
+            os.close(wake_r)
+            os.close(wake_w)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import struct
@@ -19,6 +20,20 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from supervisor.parse import BadValue
+
+# A stack's name is a directory under the state directory: no '/', no '..'.
+STACK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
+
+
+def check_stack_name(name: str, *, where: str = "") -> str:
+    """``name`` if it may name a stack, else :class:`BadValue`."""
+    if not isinstance(name, str) or not STACK_NAME.fullmatch(name):
+        raise BadValue("stack name", name, "letters, digits, '_', '.' and '-' (at most 64), "
+                       "starting with a letter or digit", where)  # fmt: skip
+    return name
+
 
 Message = dict[str, Any]
 MAX_LINE = 64 * 1024
@@ -44,6 +59,21 @@ class Reply:
                 return
             if done:
                 self._close()
+
+    def fileno(self) -> int:
+        """The connection, to poll for what the client sends next (or its going
+        away) while a long request runs; -1 once closed."""
+        with self._lock:
+            return -1 if self.closed else self._sock.fileno()
+
+    def recv(self) -> bytes:
+        """What the client sent, without waiting long; ``b""`` when it is gone."""
+        try:
+            return self._sock.recv(4096)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return b"-"  # nothing after all (the poll said readable): not an end
+        except OSError:
+            return b""
 
     def _close(self) -> None:
         self.closed = True

@@ -35,13 +35,18 @@ from pydantic import (
 
 from supervisor.environ import check_name
 from supervisor.parse import BadValue, parse_cpus, parse_duration
+from supervisor.stackctl import STACK_NAME
 
 READY_KINDS = ("http", "tcp", "log", "exec", "file")
-UNIT_KINDS = ("service",)  # issue 6 adds "task"
+UNIT_KINDS = ("service", "task")
+ARG_TYPES = ("int", "float", "str", "bool")
+# Keys that make sense for one kind only (checked in _cross_checks, with their line).
+SERVICE_ONLY = ("port", "ready", "restart", "after")
+TASK_ONLY = ("timeout", "concurrency", "args")
 RESTART_POLICIES = ("no", "on-failure", "always")
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _UNIT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
+_ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}", re.ASCII)
 # {{ and }} are literal braces; {anything else} is a placeholder.
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _UNIT_PORT = re.compile(r"units\.([^.]+)\.port")
@@ -212,7 +217,7 @@ def _text(v: object) -> str:
 
 
 def _stack_name(v: object) -> str:
-    if not isinstance(v, str) or not _NAME.fullmatch(v):
+    if not isinstance(v, str) or not STACK_NAME.fullmatch(v):
         raise _bad(
             v,
             "letters, digits, '.', '_' and '-', starting with a letter or digit, "
@@ -234,6 +239,56 @@ def _tcp(v: object) -> str:
     elif isinstance(v, str) and (v == "{port}" or (v.isdigit() and 1 <= int(v) <= 65535)):
         return v
     raise _bad(v, '"{port}" (the unit\'s own port) or a port number 1-65535')
+
+
+def _positive(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _bad(v, "a whole number, 1 or more")
+    return v
+
+
+def _arg_name(v: object) -> str:
+    if not isinstance(v, str) or not _ARG_NAME.fullmatch(v):
+        raise _bad(
+            v,
+            "an argument name: letters, digits and '_', not starting with a digit, "
+            "at most 64 characters",
+        )
+    return v
+
+
+def _arg_type(v: object) -> str:
+    if v not in ARG_TYPES:
+        raise _bad(v, "one of " + ", ".join(ARG_TYPES))
+    assert isinstance(v, str)
+    return v
+
+
+def _number(v: object) -> int | float:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or v != v
+        or v
+        in (
+            float("inf"),
+            float("-inf"),
+        )
+    ):
+        raise _bad(v, "a finite number")
+    return v
+
+
+def _flag(v: object) -> bool:
+    if not isinstance(v, bool):
+        raise _bad(v, "true or false")
+    return v
+
+
+def _choices(v: object) -> tuple[Any, ...]:
+    if not isinstance(v, list) or not v:
+        raise _bad(v, "a non-empty list of the values accepted")
+    return tuple(v)
 
 
 # ------------------------------------------------------------------ models
@@ -301,8 +356,104 @@ class StopSpec(_Strict):
     grace: Grace = 10.0
 
 
+class ArgSpec(_Strict):
+    """One argument a call of a task unit may pass: its type and bounds.
+
+    ``min``/``max`` (inclusive) for ``int`` and ``float``, ``max_len`` (in
+    characters) for ``str``, ``choices`` for any type; ``required``: a call
+    without it is refused.
+    """
+
+    type: Annotated[str, PlainValidator(_arg_type)]
+    min: Annotated[int | float, PlainValidator(_number)] | None = None
+    max: Annotated[int | float, PlainValidator(_number)] | None = None
+    max_len: Annotated[int, PlainValidator(_count)] | None = None
+    choices: Annotated[tuple[Any, ...], PlainValidator(_choices)] | None = None
+    required: Annotated[bool, PlainValidator(_flag)] = False
+
+    @model_validator(mode="after")
+    def _fits_type(self) -> ArgSpec:
+        t = self.type
+        if t not in ("int", "float") and (self.min is not None or self.max is not None):
+            raise ValueError(f"min and max are for int and float arguments, not {t}")
+        if t == "int":
+            for key in ("min", "max"):
+                bound = getattr(self, key)
+                if bound is not None and not isinstance(bound, int):
+                    raise ValueError(f"{key} {bound!r} is not valid: a whole number for an int")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min!r} is more than max {self.max!r}")
+        if self.max_len is not None and t != "str":
+            raise ValueError(f"max_len is for str arguments, not {t}")
+        if self.choices is not None:
+            unbounded = self.model_copy(update={"choices": None})
+            for c in self.choices:
+                if unbounded.problem(c) is not None:
+                    raise ValueError(f"choice {c!r} is not valid: {unbounded.accepted()}")
+        return self
+
+    def accepted(self) -> str:
+        """What a value must be, in words (``an int from 1 to 1000``)."""
+        t = self.type
+        what = {"int": "an int", "float": "a number", "str": "a string", "bool": "true or false"}[t]
+        if self.choices is not None:
+            return f"{what}, one of " + ", ".join(_short(c) for c in self.choices)
+        if self.min is not None and self.max is not None:
+            return f"{what} from {self.min!r} to {self.max!r}"
+        if self.min is not None:
+            return f"{what}, at least {self.min!r}"
+        if self.max is not None:
+            return f"{what}, at most {self.max!r}"
+        if self.max_len is not None:
+            return f"{what} of at most {self.max_len} characters"
+        return what
+
+    def problem(self, value: object) -> str | None:
+        """None if a call may pass ``value`` (as JSON decoded it); else what is accepted.
+
+        Types are exact: ``true`` is no int, ``3.0`` is no int, and a string is
+        never converted (see :func:`supervisor.task.parse_text_arg` for text).
+        """
+        t = self.type
+        if t == "bool":
+            ok = isinstance(value, bool)
+        elif t == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif t == "float":
+            ok = (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and value == value
+                and abs(value) != float("inf")
+            )
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            return self.accepted()
+        if self.choices is not None and not any(
+            (type(c) is type(value) or (t == "float" and not isinstance(c, bool))) and c == value
+            for c in self.choices
+        ):
+            return self.accepted()
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and (
+            (self.min is not None and value < self.min)  # type: ignore[operator]
+            or (self.max is not None and value > self.max)  # type: ignore[operator]
+        ):
+            return self.accepted()
+        if isinstance(value, str) and self.max_len is not None and len(value) > self.max_len:
+            return f"{self.accepted()} (this one has {len(value)})"
+        return None
+
+
 class UnitSpec(_Strict):
-    """One unit, as written; placeholders are filled at start (:func:`fill`)."""
+    """One unit, as written; placeholders are filled at start (:func:`fill`).
+
+    ``kind`` ``service`` (started by ``hold up``, supervised) or ``task`` (run
+    once per call, see :mod:`supervisor.task`): ``timeout``, ``concurrency``
+    and ``args`` are a task's; ``port``, ``ready``, ``restart`` and ``after``
+    a service's (checked with their lines by the cross-unit checks).
+    """
 
     kind: Annotated[str, PlainValidator(_kind)] = "service"
     cmd: Annotated[tuple[Arg, ...], Field(min_length=1)]
@@ -314,6 +465,9 @@ class UnitSpec(_Strict):
     restart: RestartSpec = Field(default_factory=RestartSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
     after: tuple[Annotated[str, PlainValidator(_text)], ...] = ()
+    timeout: Duration | None = None
+    concurrency: Annotated[int, PlainValidator(_positive)] | None = None
+    args: dict[Annotated[str, PlainValidator(_arg_name)], ArgSpec] | None = None
 
 
 class StackSpec(_Strict):
@@ -473,8 +627,12 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         ("units", "*", "ready"): ReadySpec,
         ("units", "*", "restart"): RestartSpec,
         ("units", "*", "stop"): StopSpec,
+        ("units", "*", "args", "*"): ArgSpec,
     }
-    key = tuple("*" if i == 1 and loc[0] == "units" else str(p) for i, p in enumerate(loc))
+    key = tuple(
+        "*" if loc[0] == "units" and (i == 1 or (i == 3 and loc[2] == "args")) else str(p)
+        for i, p in enumerate(loc)
+    )
     return models.get(key)
 
 
@@ -578,6 +736,43 @@ def _cross_checks(data: dict[str, Any], lines: Mapping[Path, int]) -> list[tuple
     for cycle in _cycles(graph):
         first = cycle[0]
         err(("units", first, "after"), "cycle: " + " -> ".join([*cycle, first]))
+
+    # What each kind takes: a task runs once per call (no port, probe, restart
+    # or order) and must have its own CPU lane; a service waits for no task.
+    kinds = {
+        n: (u.get("kind", "service") if isinstance(u, dict) else None) for n, u in units.items()
+    }
+    for name, unit in units.items():
+        if not isinstance(unit, dict) or kinds[name] not in UNIT_KINDS:
+            continue
+        if kinds[name] == "task":
+            for key in SERVICE_ONLY:
+                if key in unit:
+                    err(
+                        ("units", name, key),
+                        "not for a task unit (a task runs once per call); "
+                        "a task takes: cmd, cpus, timeout, concurrency, args, env, "
+                        "pass_env, stop",
+                    )
+            if unit.get("cpus") is None:
+                err(
+                    ("units", name, "cpus") if "cpus" in unit else ("units", name),
+                    "cpus is required for a task unit: its own CPU lane, a CPU list like "
+                    "14-15 (never 'no pinning')",
+                )
+        else:
+            for key in TASK_ONLY:
+                if key in unit:
+                    err(("units", name, key), "only for a task unit (kind: task)")
+            after = unit.get("after")
+            if isinstance(after, list):
+                for i, dep in enumerate(after):
+                    if isinstance(dep, str) and kinds.get(dep) == "task":
+                        err(
+                            ("units", name, "after", i),
+                            f"{dep!r} is a task unit: it runs per call and is never "
+                            "'ready' to wait for",
+                        )
 
     # Placeholders name known things; {port} needs a port.
     for name, unit in units.items():

@@ -92,7 +92,7 @@ units:
     restart: {{policy: sometimes, max: -1, backoff: 10}}
     stop: {{signal: KILL, grace: soon}}
     after: [nobody, predictor]
-    kind: task
+    kind: job
     extra_key: 1
   predictor:
     after: [model]
@@ -126,9 +126,9 @@ units:
         "11: units.model.stop.grace: 'soon' is not valid: a duration with its unit",
         "12: units.model.after[0]: 'nobody' names no unit (units: model, predictor, executor)",
         "12: units.model.after: cycle: model -> predictor -> model",
-        "13: units.model.kind: 'task' is not valid: one of service",
+        "13: units.model.kind: 'job' is not valid: one of service, task",
         "14: units.model.extra_key: unknown key; accepted: kind, cmd, port, cpus, env, pass_env, "
-        "ready, restart, stop, after",
+        "ready, restart, stop, after, timeout, concurrency, args",
         "17: units.predictor.cmd[1]: {units.ghost.port} names no unit",
         "17: units.predictor.cmd[2]: {units.executor.port}: unit executor has no port",
         "18: units.predictor.ready.tcp: {port} used, but unit predictor has no port",

@@ -9,18 +9,21 @@ READY, then asks /predict once a second. SIGTERM ends it. Standard library only.
 import argparse
 import signal
 import sys
+import threading
 import time
 import urllib.request
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model-url", required=True)
 args = parser.parse_args()
-running = True
+# Set by SIGTERM/SIGINT. An Event rather than a flag and time.sleep(1): the
+# sleep a signal interrupts is resumed for the rest of its second (PEP 475),
+# so a stop took up to a second; the Event's wait returns at once.
+stopping = threading.Event()
 
 
 def stop(signum: int, frame: object) -> None:
-    global running
-    running = False
+    stopping.set()
 
 
 signal.signal(signal.SIGTERM, stop)
@@ -38,16 +41,14 @@ def get(path: str) -> tuple[int, bytes]:
 print(f"predictor: connecting to {args.model_url}", flush=True)
 deadline = time.monotonic() + 10
 while get("/health")[0] != 200:
-    if time.monotonic() > deadline or not running:
+    if time.monotonic() > deadline or stopping.is_set():
         print("predictor: the model server did not answer", flush=True)
         sys.exit(1)
-    time.sleep(0.05)
+    stopping.wait(0.05)
 print("predictor: READY", flush=True)
 n = 0
-while running:
-    time.sleep(1)
-    if running:
-        n += 1
-        status, body = get("/predict")
-        print(f"predictor: request {n}: {status} {body.decode(errors='replace')}", flush=True)
+while not stopping.wait(1):
+    n += 1
+    status, body = get("/predict")
+    print(f"predictor: request {n}: {status} {body.decode(errors='replace')}", flush=True)
 print("predictor: stopped", flush=True)
