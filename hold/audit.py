@@ -479,7 +479,9 @@ def _kfd(pids: set[int], out: dict[tuple[int, str, int | None], int]) -> None:
 
 def _drm_fdinfo(holders: list[Holder], out: dict[tuple[int, str, int | None], int]) -> None:
     for h in holders:
-        if (h.pid, h.cls, h.unit) in out:
+        # Only DRM nodes have drm-* keys; reading every fdinfo of every other
+        # holder would be most of a large audit's time for nothing.
+        if (h.pid, h.cls, h.unit) in out or not h.node.startswith("/dev/dri/"):
             continue
         total = 0
         for path in glob.glob(f"/proc/{h.pid}/fdinfo/*"):

@@ -597,11 +597,39 @@ def main_down(name: str) -> int:
     if ans.get("ev") == "error":
         say(str(ans.get("error")), "hold down")
         return int(ans.get("code", 2))
+    # Return only once the stack's process has finished (it holds its lock
+    # until then): after a reset connection we have no word of the stop, and
+    # "stopped" must never be said while a unit may still be running.
+    if not _wait_unlocked(os.path.join(run_dir_of(_open_sd(), name), "stack.lock"), 3600):
+        say(f"stack {name} is still stopping after an hour; see hold ps {name}", "hold down")
+        return 125
     for s in ans.get("survivors") or []:
         say(f"survivor pid {s['pid']} ({s['found_by']}): {s['command']}", "hold down")
     code = int(ans.get("code", 0))
     say(f"stack {name} stopped" + (" (with survivors)" if code == 3 else ""), "hold down")
     return 3 if code == 3 else 0
+
+
+def _wait_unlocked(path: str, timeout: float) -> bool:
+    """True once nobody holds ``path``'s flock (or it does not exist)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True  # closing fd below lets go at once
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.002)
+    finally:
+        os.close(fd)
 
 
 def main_restart(name: str, unit: str) -> int:

@@ -36,6 +36,22 @@ def stat_of(pid: int) -> Stat | None:
         return None
 
 
+def children_of_self() -> list[int]:
+    """This process's children, from ``/proc/self/task/*/children`` (no scan of
+    every process); falls back to a scan where the kernel lacks that file."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):  # CONFIG_PROC_CHILDREN off
+        me = os.getpid()
+        return [st.pid for st in snapshot().values() if st.ppid == me]
+    out: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            continue  # a thread that ended while we looked
+    return out
+
+
 def snapshot() -> dict[int, Stat]:
     """Every live process now, by pid (zombies included; see :attr:`Stat.is_dead`)."""
     out: dict[int, Stat] = {}

@@ -209,11 +209,13 @@ def reap_adopted(owned: frozenset[int]) -> None:
     are waited for, one by one: never ``waitpid(-1)``, which would steal
     the exit status of a child that someone else is waiting for.
     """
-    me = os.getpid()
-    for st in procscan.snapshot().values():
-        if st.ppid == me and st.is_dead and st.pid not in owned:
+    for pid in procscan.children_of_self():
+        if pid in owned:
+            continue
+        st = procscan.stat_of(pid)
+        if st is not None and st.is_dead:
             try:
-                os.waitpid(st.pid, os.WNOHANG)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
 
