@@ -32,6 +32,7 @@ from hold.tokens import read_record
 from supervisor import procscan
 from supervisor.cgroup import own_cgroup, v2_mount
 from supervisor.identity import Stat
+from supervisor.parse import format_duration
 
 # A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
 # for the node's own inode (how a mapping names it, and how a regular file
@@ -552,7 +553,7 @@ def render_table(doc: dict[str, Any]) -> str:
     rows = []
     for r in doc["holders"]:
         lease = f"{r['lease']} {r['label']!r}" if r["covered"] else f"STRAY: {r['why']}"
-        rows.append((r["device"], str(r["pid"]), r["user"], _age(r["age_s"]),
+        rows.append((r["device"], str(r["pid"]), r["user"], format_duration(r["age_s"]),
                      _size(r["rss_bytes"]), _size(r["device_memory_bytes"]), lease,
                      r["command"][:60]))  # fmt: skip
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
@@ -565,13 +566,6 @@ def render_table(doc: dict[str, Any]) -> str:
         tail += f"; not inspected: {doc['not_inspected']} (permission)"
     lines.append(tail)
     return "\n".join(lines)
-
-
-def _age(s: float) -> str:
-    s = int(s)
-    return (
-        f"{s}s" if s < 60 else f"{s // 60}m" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
-    )
 
 
 def _size(n: int | None) -> str:

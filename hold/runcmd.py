@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from supervisor.parse import BadValue, parse_cpus, parse_duration
+from supervisor.parse import BadValue, format_duration, parse_cpus, parse_duration
 
 if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.client import Client
@@ -554,7 +554,7 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         until = time.strftime("%H:%M:%S", time.localtime(float(h["expires"])))
         devs = ",".join(str(d) for d in h["devices"])
         parts.append(f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
-                     f"user {h['user']}) for {_age(since)}, until {until}")  # fmt: skip
+                     f"user {h['user']}) for {format_duration(since)}, until {until}")  # fmt: skip
     blocked = note.get("blocked") or []
     assert isinstance(blocked, list)
     for b in blocked:
@@ -568,12 +568,3 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         return f"{cls} is taken: {who}"
     pos = note.get("position")
     return f"waiting for {cls}, number {pos} in line: {who}"
-
-
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"

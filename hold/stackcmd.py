@@ -25,7 +25,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from supervisor.parse import BadValue
+from supervisor.parse import BadValue, format_duration
 
 if TYPE_CHECKING:
     from hold.client import Client
@@ -441,17 +441,6 @@ def _running_stacks() -> list[dict[str, Any]]:
     return out
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{seconds:.1f}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
@@ -488,7 +477,7 @@ def main_ps(name: str | None, as_json: bool) -> int:
                     str(s["pid"]),
                     str(len(s["units"])),
                     str(ready),
-                    _age(s["uptime"]),
+                    format_duration(s["uptime"]),
                     s["file"],
                 ]
             )
@@ -496,7 +485,7 @@ def main_ps(name: str | None, as_json: bool) -> int:
         return 0
     s = stacks[0]
     print(
-        f"stack {s['stack']} (pid {s['pid']}, {s['phase']}, up {_age(s['uptime'])}) "
+        f"stack {s['stack']} (pid {s['pid']}, {s['phase']}, up {format_duration(s['uptime'])}) "
         f"from {s['file']}"
     )
     rows = [["UNIT", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]]
@@ -508,7 +497,7 @@ def main_ps(name: str | None, as_json: bool) -> int:
                 str(u["pid"] or "-"),
                 str(u["port"] or "-"),
                 str(u["restarts"]),
-                _age(u["uptime"]),
+                format_duration(u["uptime"]),
                 u["cpus"] or "-",
                 u["ready"],
             ]
@@ -525,8 +514,8 @@ def main_ps(name: str | None, as_json: bool) -> int:
                     c["unit"],
                     c["state"],
                     str(c["pid"] or "-"),
-                    _age(c["running_s"]),
-                    _age(c["queued_s"]),
+                    format_duration(c["running_s"]),
+                    format_duration(c["queued_s"]),
                     c["cpus"],
                 ]
             )

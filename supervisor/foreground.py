@@ -158,7 +158,7 @@ class Foreground:
             sig = cause.signal if cause.kind == "signal" and cause.signal else self.stop_signal
             tree.owned = owned_pids()
             report = stop_tree(tree, sig=sig, grace=self.grace)
-            returncode = _collect(child)
+            returncode = child.collect()
             if self.interactive:
                 self._give_terminal(os.getpgrp())
             self._remove_leaf()
@@ -268,13 +268,3 @@ def _drain(fd: int) -> list[int]:
         return list(os.read(fd, 4096))
     except BlockingIOError:
         return []
-
-
-def _collect(child: Child) -> int | None:
-    """Reap the root, which the stop has ended; None if it would not die."""
-    if child.poll() is None:
-        poller = select.poll()
-        poller.register(child.pidfd, select.POLLIN)
-        poller.poll(1000)
-        return child.poll()
-    return child.returncode

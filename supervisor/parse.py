@@ -57,6 +57,20 @@ def parse_duration(
     return seconds
 
 
+def format_duration(seconds: float | None) -> str:
+    """A duration for people: ``4.2s``, ``42s``, ``5m07s``, ``2h05m``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 10:
+        return f"{seconds:.1f}s"
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def allowed_cpus() -> frozenset[int]:
     """The CPUs this process may run on (its affinity, which includes cpuset limits)."""
     return frozenset(os.sched_getaffinity(0))

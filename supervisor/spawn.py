@@ -27,6 +27,7 @@ dispositions in the child, and keeps ``hold run``'s start-up cheap.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import stat
 import threading
@@ -126,6 +127,16 @@ class Child:
         """The exit status if the child has exited (reaping it), else None."""
         if self.returncode is None:
             self._reap(os.WNOHANG)
+        return self.returncode
+
+    def collect(self, timeout: float = 1.0) -> int | None:
+        """Reap a child that has been stopped: its status, or None if it has
+        not exited within ``timeout`` (it may be a survivor)."""
+        if self.returncode is None and self.poll() is None:
+            poller = select.poll()
+            poller.register(self.handle.fd, select.POLLIN)
+            poller.poll(timeout * 1000)
+            self.poll()
         return self.returncode
 
     def wait(self) -> int:

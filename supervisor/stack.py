@@ -288,13 +288,8 @@ def _peek_exit(child: Child) -> int | None:
 
 def _reap(child: Child | None, timeout: float = 1.0) -> None:
     """Collect a child that has been stopped (bounded; it may be a survivor)."""
-    if child is None or child.returncode is not None:
-        return
-    if child.poll() is None:
-        p = select.poll()
-        p.register(child.pidfd, select.POLLIN)
-        p.poll(timeout * 1000)
-        child.poll()
+    if child is not None:
+        child.collect(timeout)
 
 
 # ---------------------------------------------------------------------- the stack

@@ -842,7 +842,7 @@ class TaskRunner:
         tree = Tree(os.path.basename(parked.leaf.path), parked.child.ident,
                     parked.child.pid, parked.child.pid, leaf=parked.leaf)  # fmt: skip
         stop_tree(tree, grace=1.0)
-        _collect(parked.child)
+        parked.child.collect()
         parked.pipes.close_all()
         self._drop_leaf(parked.leaf)
 
@@ -973,7 +973,7 @@ class TaskRunner:
         # task left running after a normal end -- is stopped, then checked.
         tree.owned = owned_pids()
         report = stop_tree(tree, sig=self.spec.stop.signal, grace=self.spec.stop.grace)
-        returncode = _collect(child)
+        returncode = child.collect()
         _drain(readers, time.monotonic() + _DRAIN_AFTER_STOP)
         if tree.leaf is None:
             _reap_orphans_of(tree)
@@ -1150,16 +1150,6 @@ def _drain(readers: dict[int, _Sink], deadline: float) -> None:
             if fd in left_fds and not left_fds[fd].read(fd):
                 poller.unregister(fd)
                 del left_fds[fd]
-
-
-def _collect(child: Child) -> int | None:
-    """Reap the task's root, which the stop has ended; None if it would not die."""
-    if child.poll() is None:
-        poller = select.poll()
-        poller.register(child.pidfd, select.POLLIN)
-        poller.poll(1000)
-        return child.poll()
-    return child.returncode
 
 
 def _reap_orphans_of(tree: Tree) -> None:
