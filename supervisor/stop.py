@@ -248,7 +248,11 @@ def stop_tree(
         # what its descendants inherited from it: a log file that unrelated
         # processes also write to (two commands appending to one build log)
         # is not the tree's, and must not make them "holders" to be killed.
-        h = procscan.holdings(pid, skip_fds=(0, 1, 2))
+        # Descriptors only, not mappings: reading every member's maps is most
+        # of a large tree's stop, and a device kept only as a mapping is what
+        # ``watch`` (the nodes a tree was given) and the daemon's device scan
+        # at the end of a lease are for.
+        h = procscan.holdings(pid, skip_fds=(0, 1, 2), with_maps=False)
         nodes.update(h.nodes)
         sockets |= h.sockets
     ports: set[tuple[str, int]] = set()
