@@ -212,7 +212,8 @@ class StackRun:
         from hold.client import Client, DaemonUnreachable
         from hold.config import load
         from supervisor.cgroup import CgroupUnavailable, hierarchy_for
-        from supervisor.stack import Display, Stack, StackError
+        from supervisor.display import Display
+        from supervisor.stack import Stack, StackError
 
         spec = self.spec
         cfg = load()
