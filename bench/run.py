@@ -619,6 +619,15 @@ def bench_start(hold: str, runs: int, warmup: int) -> tuple[list[dict[str, Any]]
         finally:
             os.close(devnull)
             os.close(errfd)
+            # `hold run` started a daemon for this state directory: stop it
+            # (by its own SIGTERM path), or it would outlive the benchmark.
+            lock = Path(tmp) / "state" / "daemon.lock"
+            text = lock.read_text().strip() if lock.exists() else ""
+            if text.isdigit():
+                try:
+                    os.kill(int(text), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
     ref = median(samples["python3 -c pass"])
     results = []
     for cmd in cmds:
