@@ -52,6 +52,7 @@ from supervisor.tree import Tree, signalable_by
 SO_PEERPIDFD = 77  # Linux 6.5; not yet in Python's socket module
 RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
 ENDED_KEPT = 200  # ended leases remembered for the audit
+STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 _TREE_ID = re.compile(r"[0-9a-f]{8,32}")
 MAX_LABEL = 200
 
@@ -172,6 +173,7 @@ class Daemon:
         self.blocker_fds: dict[int, tuple[str, int]] = {}
         self.recheck_at: float | None = None
         self.ended: list[dict[str, Any]] | None = None  # ended.json, once read
+        self.stoppers: list[threading.Thread] = []  # stops in flight
         self.checks: queue.SimpleQueue[tuple[Request, str, list[int], dict[int, Any]]] = (
             queue.SimpleQueue()
         )
@@ -232,6 +234,11 @@ class Daemon:
                 self._run_timers()
         finally:
             # Leases and trees stay on disk: a restarted daemon re-attaches them.
+            # A stop in flight is finished first, not cut off half-way (bounded
+            # by the longest grace it may wait, and the kill after it).
+            for worker in self.stoppers:
+                worker.join(timeout=STOP_JOIN)
+            self._finish_stops()
             self.log.info("daemon_stopping", sessions=len(self.sessions))
             listener.close()
             try:
@@ -689,7 +696,10 @@ class Daemon:
             self.done.put((s.session_id, [], {}))
             return
         args = (s.session_id, trees, grace, devices, uid)
-        threading.Thread(target=self._stop_worker, args=args, daemon=True).start()
+        worker = threading.Thread(target=self._stop_worker, args=args, daemon=True)
+        self.stoppers = [t for t in self.stoppers if t.is_alive()]
+        self.stoppers.append(worker)
+        worker.start()
 
     def _tree_of(self, s: SessionRec, t: TreeRec) -> Tree:
         root = ProcessId(t.root_pid, t.root_start) if t.root_pid and t.root_start else None

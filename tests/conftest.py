@@ -123,10 +123,39 @@ def _reap_adopted_zombies() -> None:
                 pass
 
 
+def _leaves() -> set[str]:
+    """The cgroup leaves this project makes (``hold-*``) under our own cgroup."""
+    from supervisor.cgroup import CgroupUnavailable, Hierarchy
+
+    try:
+        base = Hierarchy.find().base
+    except CgroupUnavailable:
+        return set()
+    return {e.path for e in os.scandir(base) if e.name.startswith("hold-") and e.is_dir()}
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind() -> Iterator[None]:
     before = {(st.pid, st.starttime) for st in _live_descendants()}
+    leaves_before = _leaves()
     yield
+    _check_processes(before)
+    # A leaf left behind is a tree whose end nobody cleaned up.
+    deadline = time.monotonic() + 2.0
+    left = _leaves() - leaves_before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _leaves() - leaves_before
+    for path in left:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    if left:
+        pytest.fail(f"test left {len(left)} cgroup leaf(s) behind: {sorted(left)}")
+
+
+def _check_processes(before: set[tuple[int, int]]) -> None:
     deadline = time.monotonic() + 2.0
     while True:
         _reap_adopted_zombies()
