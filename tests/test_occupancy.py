@@ -1,0 +1,121 @@
+"""Nobody is handed a device that is not empty: the daemon's scans around grants.
+
+The devices are a class ``fake`` over temporary files; a "stray" is a plain
+process holding one open outside any lease (someone bypassing the tickets,
+or an orphan from before the daemon started).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import HOLD, alive, wait_for
+
+PY = sys.executable
+# Holds the file open (descriptor 3) until killed, and says so.
+HOLDER = "import sys,time; f=open(sys.argv[1]); print('holding', flush=True); time.sleep(600)"
+
+
+@pytest.fixture
+def fake(isolated_hold: Path) -> list[Path]:
+    nodes = [isolated_hold / f"fakedev{i}" for i in range(2)]
+    for n in nodes:
+        n.write_bytes(b"\0" * 16)
+    (isolated_hold / "config.yaml").write_text(
+        f'cgroups: auto\ndevices:\n  fake:\n    nodes: ["{isolated_hold}/fakedev*"]\n'
+    )
+    return nodes
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.terminate()
+    for p in started:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+def _stray(procs: list[subprocess.Popen[str]], node: Path) -> subprocess.Popen[str]:
+    p = subprocess.Popen([PY, "-c", HOLDER, str(node)], stdout=subprocess.PIPE, text=True)
+    procs.append(p)
+    assert p.stdout is not None and p.stdout.readline().strip() == "holding"
+    return p
+
+
+def _hold(procs: list[subprocess.Popen[str]], *args: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([*HOLD, "run", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    procs.append(p)
+    return p
+
+
+def test_device_held_outside_any_lease_is_not_granted_until_empty(
+    fake: list[Path], procs: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    stray = _stray(procs, fake[0])
+    marker = tmp_path / "ran"
+    client = _hold(procs, "--device", "fake:0", "-l", "waiter", "--",
+                   "touch", str(marker))  # fmt: skip
+    # It waits, and says who holds the device (after its first second).
+    time.sleep(2.5)
+    assert client.poll() is None and not marker.exists()
+    stray.terminate()
+    stray.wait(timeout=10)
+    # The stray's exit wakes the daemon (its pidfd), which scans again and grants.
+    assert client.wait(timeout=20) == 0
+    assert marker.exists()
+    assert client.stderr is not None
+    err = client.stderr.read()
+    assert f"held OUTSIDE any lease by pid {stray.pid}" in err, err
+    assert "granted fake:0" in err, err
+
+
+def test_busy_devices_warn_grants_and_names_the_holder(
+    fake: list[Path], procs: list[subprocess.Popen[str]], isolated_hold: Path
+) -> None:
+    config = isolated_hold / "config.yaml"
+    config.write_text(config.read_text() + "busy_devices: warn\n")
+    stray = _stray(procs, fake[1])
+    client = _hold(procs, "--device", "fake:1", "--", "true")
+    assert client.wait(timeout=20) == 0
+    assert client.stderr is not None
+    err = client.stderr.read()
+    assert "warning: granted although" in err and str(stray.pid) in err, err
+    assert alive(stray.pid)  # a warning only: nothing of the stray's is touched
+
+
+def test_a_holder_left_on_the_device_is_stopped_before_the_next_grant(
+    fake: list[Path], procs: list[subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    # The lease holder's command waits for `go`; meanwhile a process outside
+    # its tree opens the leased device (it slipped in during the lease).
+    first = _hold(procs, "--device", "fake:0", "-l", "first", "--grace", "1s", "--",
+                  PY, "-c", f"import os,time\nwhile not os.path.exists({str(go)!r}): "
+                  "time.sleep(0.02)")  # fmt: skip
+    wait_for(lambda: (fake[0].parent / "state" / "fake-0.token").exists(), 20,
+             what="the first lease")  # fmt: skip
+    intruder = _stray(procs, fake[0])
+    second = _hold(procs, "--device", "fake:0", "-l", "second", "--", "true")
+    time.sleep(0.5)
+    assert second.poll() is None  # waiting behind the first lease
+    go.touch()
+    assert first.wait(timeout=20) == 0
+    # The intruder is a survivor of the first lease: stopped, then the device
+    # goes to the next in line.
+    assert second.wait(timeout=30) == 0
+    assert intruder.wait(timeout=5) is not None
+    log = (fake[0].parent / "state" / "daemon.log").read_text()
+    assert f'"tree": "left{intruder.pid}"' in log, log  # stopped as the lease's leftover
