@@ -688,7 +688,11 @@ class Daemon:
         # A lease's grace, else the longest its trees asked for (hold run).
         grace = s.lease.grace if s.lease else max((t.grace for t in s.trees.values()), default=10.0)
         trees = [self._tree_of(s, t) for t in s.trees.values()]
-        devices = (s.lease.cls, s.lease.devices) if s.lease and self.scanned[s.lease.cls] else None
+        devices = (
+            (s.lease.cls, s.lease.devices, s.lease.granted)
+            if s.lease and self.scanned[s.lease.cls]
+            else None
+        )
         uid = s.uid if os.geteuid() == 0 and s.uid != 0 else None
         if not trees and devices is None:
             # Nothing to stop or scan: end it in this turn of the loop (a
@@ -712,7 +716,8 @@ class Daemon:
         )  # fmt: skip
 
     def _stop_worker(self, sid: str, trees: list[Tree], grace: float,
-                     devices: tuple[str, list[int]] | None, uid: int | None) -> None:  # fmt: skip
+                     devices: tuple[str, list[int], float] | None,
+                     uid: int | None) -> None:  # fmt: skip
         reports = []
         left: dict[int, Any] = {}
         for tree in trees:
@@ -731,7 +736,8 @@ class Daemon:
             # before anyone else is granted them.
             try:
                 more, left = occupancy.stop_leftovers(self.classes[devices[0]], devices[1],
-                                                      uid=uid, grace=grace)  # fmt: skip
+                                                      uid=uid, grace=grace,
+                                                      granted=devices[2])  # fmt: skip
                 reports += more
             except Exception as e:
                 assert self.log is not None
@@ -760,9 +766,11 @@ class Daemon:
                 for i in s.lease.devices:
                     self.held.pop((s.lease.cls, i), None)
                 for i, holders in left.items():
-                    # Could not be stopped (another user's, unkillable): the
-                    # device stays out of reach until they are gone.
-                    self._block(s.lease.cls, i, holders)
+                    # Could not be stopped (another user's, unkillable, or older
+                    # than the lease): out of reach until they are gone -- unless
+                    # busy devices are granted with a warning anyway.
+                    if self.grant_busy == "wait":
+                        self._block(s.lease.cls, i, holders)
                     self._log("device_still_held", s, device=i, holders=holders)
             self._save()
             self._log("session_ended", s)

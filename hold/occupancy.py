@@ -58,18 +58,23 @@ def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict
 
 
 def stop_leftovers(
-    cls: DeviceClass, devices: list[int], *, uid: int | None, grace: float
+    cls: DeviceClass, devices: list[int], *, uid: int | None, grace: float, granted: float
 ) -> tuple[list[StopReport], dict[int, list[dict[str, Any]]]]:
     """Stop the trees of whoever still holds ``devices``; (reports, who still holds them).
 
-    ``uid``: stop only what that user could have stopped (a daemon running as
-    root ending another user's lease).
+    Only processes started after the lease was ``granted`` (wall clock) are
+    its leftovers: an older one (granted past with ``busy_devices: warn``) was
+    never the lease's to stop. ``uid``: stop only what that user could have
+    stopped (a daemon running as root ending another user's lease).
     """
+    since = procscan.ticks_at(granted) - 2  # ticks of slack for rounding
     reports: list[StopReport] = []
     for holders in holders_of(cls, devices).values():
         for h in holders:
             st = procscan.stat_of(h["pid"])
             if st is None or st.starttime != h["starttime"] or st.is_dead or h["pid"] == 1:
+                continue
+            if st.starttime < since:
                 continue
             if h["pid"] == os.getpid():
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+import time
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -44,6 +45,19 @@ def stat_of(pid: int) -> Stat | None:
         return None
     finally:
         os.close(fd)
+
+
+def ticks_at(wall: float) -> int:
+    """The start time (clock ticks since boot, as in /proc/PID/stat) of a
+    process started at ``wall`` (seconds since the epoch).
+
+    From /proc/uptime (1/100 s), not /proc/stat's btime, which is rounded to
+    whole seconds: a second's error would misplace a process started just
+    after ``wall``.
+    """
+    with open("/proc/uptime", "rb") as f:
+        uptime = float(f.read().split()[0])
+    return int((uptime - (time.time() - wall)) * os.sysconf("SC_CLK_TCK"))
 
 
 def children_of_self() -> list[int]:
