@@ -57,12 +57,25 @@ def _classes() -> Any:
         _fail(str(e))
 
 
+IDLE_EXIT = 600.0  # seconds an autostarted daemon waits with nothing to do
+
+
 @cli.command("daemon")
 @click.option("--detach", is_flag=True, help="Fork into the background (used by autostart).")
-def daemon_cmd(detach: bool) -> None:
+@click.option("--idle-exit", metavar="DURATION",
+              help="Exit after this long with nothing to do (default: 10m with --detach, "
+              "never without).")  # fmt: skip
+def daemon_cmd(detach: bool, idle_exit: str | None) -> None:
     """Serve device leases for this state directory (one daemon per directory)."""
     from hold.daemon import Daemon
+    from supervisor.parse import parse_duration
 
+    idle: float | None = IDLE_EXIT if detach else None
+    if idle_exit is not None:
+        try:
+            idle = parse_duration(idle_exit, what="--idle-exit", plain_unit="seconds")
+        except BadValue as e:
+            _fail(str(e))
     cfg, classes = _classes()
     sd = _state_dir(shared=cfg.shared_state)
     ready_fd = None
@@ -85,6 +98,7 @@ def daemon_cmd(detach: bool) -> None:
         shared=cfg.shared_state,
         home_tokens=cfg.home_tokens,
         grant_busy=cfg.busy_devices,
+        idle_exit=idle,
     )
     raise SystemExit(daemon.serve(ready_fd=ready_fd))
 

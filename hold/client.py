@@ -48,6 +48,17 @@ class Client:
             raise DaemonUnreachable(f"no daemon answers on {sd.socket}")
         return cls(sd, sock)
 
+    @classmethod
+    def with_session(cls, sd: StateDir, *, timeout: float = START_TIMEOUT) -> Client:
+        """A connection with an open session; retried through a daemon that
+        is just leaving (an autostarted one exits when idle) or dying."""
+        client = cls.connect(sd, timeout=timeout)
+        try:
+            client.open_session()
+        except (DaemonUnreachable, OSError, ProtocolError):
+            client.reopen(timeout)
+        return client
+
     def fileno(self) -> int:
         return self.sock.fileno()
 

@@ -141,7 +141,8 @@ def _user(uid: int) -> str:
 
 class Daemon:
     def __init__(self, sd: StateDir, classes: dict[str, DeviceClass], *, shared: bool = False,
-                 home_tokens: bool = False, grant_busy: str = "wait") -> None:  # fmt: skip
+                 home_tokens: bool = False, grant_busy: str = "wait",
+                 idle_exit: float | None = None) -> None:  # fmt: skip
         self.sd = sd
         self.classes = classes
         self.sizes = {name: c.size() for name, c in classes.items()}
@@ -174,6 +175,10 @@ class Daemon:
         self.recheck_at: float | None = None
         self.ended: list[dict[str, Any]] | None = None  # ended.json, once read
         self.stoppers: list[threading.Thread] = []  # stops in flight
+        # An autostarted daemon leaves after this long with nothing to do (no
+        # client, session, queue or stop); one run by systemd stays.
+        self.idle_exit = idle_exit
+        self.idle_since: float | None = None
         self.checks: queue.SimpleQueue[tuple[Request, str, list[int], dict[int, Any]]] = (
             queue.SimpleQueue()
         )
@@ -215,6 +220,7 @@ class Daemon:
         if ready_fd is not None:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
+        self._note_idle()  # nobody may come at all: the idle clock starts now
         try:
             while not self.stopping:
                 for key, _ in self.sel.select(self._next_timeout()):
@@ -232,6 +238,7 @@ class Daemon:
                 self._finish_checks()
                 self._finish_stops()
                 self._run_timers()
+                self._note_idle()
         finally:
             # Leases and trees stay on disk: a restarted daemon re-attaches them.
             # A stop in flight is finished first, not cut off half-way (bounded
@@ -792,10 +799,30 @@ class Daemon:
         deadlines += [t - now_mono for t in self.kill_at.values()]
         if self.recheck_at is not None:
             deadlines.append(self.recheck_at - now_mono)
+        if self.idle_exit is not None and self.idle_since is not None:
+            deadlines.append(self.idle_since + self.idle_exit - now_mono)
         return max(0.0, min(deadlines)) if deadlines else None
+
+    def _note_idle(self) -> None:
+        busy = (
+            self.sessions or self.ending or self.verifying or self.blocked
+            or any(k.data[0] == "conn" for k in self.sel.get_map().values())
+        )  # fmt: skip
+        if busy:
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = time.monotonic()
 
     def _run_timers(self) -> None:
         now_wall, now_mono = time.time(), time.monotonic()
+        if (
+            self.idle_exit is not None
+            and self.idle_since is not None
+            and now_mono >= self.idle_since + self.idle_exit
+        ):
+            assert self.log is not None
+            self.log.info("idle_exit", idle_s=round(now_mono - self.idle_since, 1))
+            self.stopping = True
         if self.recheck_at is not None and self.recheck_at <= now_mono:
             for key in list(self.blocked):
                 self._unblock(key)

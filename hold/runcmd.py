@@ -312,8 +312,7 @@ class Run:
         # while we are a subreaper (prepare() below may make us one).
         client: Client | None = None
         try:
-            client = Client.connect(self.sd)
-            client.open_session()
+            client = Client.with_session(self.sd)
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if self.spec is not None:
                 self.say(f"cannot reach the ticket daemon: {e}")

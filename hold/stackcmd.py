@@ -244,8 +244,7 @@ class StackRun:
         # The daemon before the stack starts: if we have to start one, it must
         # not become our child while we are a subreaper (the stack may make us one).
         try:
-            self.client = Client.connect(self.sd)
-            self.client.open_session()
+            self.client = Client.with_session(self.sd)
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if spec.hold is not None:
                 stack.release()

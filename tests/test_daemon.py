@@ -782,3 +782,23 @@ def test_hold_run_sigkilled_daemon_stops_its_tree(
     assert len(stopped) == 1 and stopped[0]["outcome"] == "killed", stopped
     assert stopped[0]["survivors"] == []
     assert int(port.read_text()) not in {ln.port for ln in procscan.listeners().values()}
+
+
+def test_an_idle_daemon_leaves_and_the_next_client_starts_another(tmp_path: Path) -> None:
+    """An autostarted daemon exits after its idle time with nothing to do (no
+    periodic wake-up before that: the idle deadline is its only timer); the
+    next client simply starts a new one."""
+    # Not captured: the daemon keeps what it inherited open until it leaves.
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    res = subprocess.run([PY, "-m", "hold", "daemon", "--detach", "--idle-exit", "1s"],
+                         timeout=30, **quiet)  # fmt: skip
+    assert res.returncode == 0
+    first = daemon_pid(state_dir())
+    assert first is not None
+    wait_for(lambda: not alive(first), 10, 0.05, "the idle daemon to leave")
+    log = (state_dir() / "daemon.log").read_text()
+    assert '"event": "idle_exit"' in log
+    res = subprocess.run([NPU_HOLD, "--", "true"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    second = daemon_pid(state_dir())
+    assert second is not None and second != first
