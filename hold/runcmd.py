@@ -327,7 +327,14 @@ class Run:
             grace=args.grace, stop_signal=args.signal, hierarchy=hierarchy,
             interactive=is_foreground_tty(0),
         )  # fmt: skip
-        leaf = fg.prepare()
+        try:
+            leaf = fg.prepare()
+        except CgroupUnavailable as e:  # writable, yet no leaf could be made
+            if self.cgroups == "required":
+                self.say(f"cgroups: required, but {e}")
+                return 2
+            fg.hierarchy = None
+            leaf = fg.prepare()
         # The grace goes with the tree: the daemon stopping it (if we die)
         # must allow what the user asked for, lease or not.
         tree = {"tree_id": tree_id, "leaf": leaf.path if leaf else None, "grace": args.grace}
