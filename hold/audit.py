@@ -520,7 +520,10 @@ def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None
     rows = []
     for h in sorted(result.holders, key=lambda h: (h.cls, -1 if h.unit is None else h.unit,
                                                    h.pid)):  # fmt: skip
-        v = attribute(h, leases, procs, ended)
+        if classes[h.cls].allows(h.pid, h.uid):
+            v = Verdict(True, None, None, "an allowed holder of the class (configuration)")
+        else:
+            v = attribute(h, leases, procs, ended)
         try:
             user = pwd.getpwuid(h.uid).pw_name
         except KeyError:
@@ -552,7 +555,10 @@ def render_table(doc: dict[str, Any]) -> str:
     lines = []
     rows = []
     for r in doc["holders"]:
-        lease = f"{r['lease']} {r['label']!r}" if r["covered"] else f"STRAY: {r['why']}"
+        if not r["covered"]:
+            lease = f"STRAY: {r['why']}"
+        else:
+            lease = f"{r['lease']} {r['label']!r}" if r["lease"] else "allowed (configuration)"
         rows.append((r["device"], str(r["pid"]), r["user"], format_duration(r["age_s"]),
                      _size(r["rss_bytes"]), _size(r["device_memory_bytes"]), lease,
                      r["command"][:60]))  # fmt: skip

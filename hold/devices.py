@@ -22,6 +22,21 @@ class DeviceClass(NamedTuple):
     nodes: tuple[str, ...]  # glob patterns, one device per matching node
     shared_nodes: tuple[str, ...] = ()
     visible_env: tuple[str, ...] = ()
+    # Executables (absolute paths) that hold the nodes on purpose and are
+    # neither strays nor in anyone's way when run by root: a persistence
+    # daemon. Matched by the process's /proc/PID/exe, never by its name
+    # (anyone can name a process anything; only root can run one as root).
+    allowed_holders: tuple[str, ...] = ()
+
+    def allows(self, pid: int, uid: int) -> bool:
+        """Is ``pid`` (running as ``uid``) one of the class's allowed holders?"""
+        if uid != 0 or not self.allowed_holders:
+            return False
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            return False
+        return exe in self.allowed_holders
 
     def device_nodes(self) -> list[str]:
         """The per-device nodes present now, in device order (natural sort)."""
@@ -50,7 +65,7 @@ DEFAULT_CLASSES: dict[str, DeviceClass] = {
 }
 
 _CLASS_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
-_KEYS = ("nodes", "shared_nodes", "visible_env")
+_KEYS = ("nodes", "shared_nodes", "visible_env", "allowed_holders")
 
 
 def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:

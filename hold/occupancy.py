@@ -36,7 +36,7 @@ def holders_of(cls: DeviceClass, devices: list[int]) -> dict[int, list[dict[str,
             if t.unit is not None and t.unit in devices}  # fmt: skip
     if not tgts:
         return {}
-    found = scan(tgts).holders
+    found = [h for h in scan(tgts).holders if not cls.allows(h.pid, h.uid)]
     memory = device_memory(found)
     out: dict[int, list[dict[str, Any]]] = {}
     for h in found:

@@ -7,6 +7,9 @@ or an orphan from before the daemon started).
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -119,3 +122,32 @@ def test_a_holder_left_on_the_device_is_stopped_before_the_next_grant(
     assert intruder.wait(timeout=5) is not None
     log = (fake[0].parent / "state" / "daemon.log").read_text()
     assert f'"tree": "left{intruder.pid}"' in log, log  # stopped as the lease's leftover
+
+
+def test_an_allowed_holder_neither_blocks_a_grant_nor_is_stray(
+    fake: list[Path], procs: list[subprocess.Popen[str]], isolated_hold: Path
+) -> None:
+    # A root process of a configured executable (a persistence daemon, say)
+    # keeps the node open; another executable doing the same is still stray.
+    sleep = os.path.realpath(shutil.which("sleep") or "/bin/sleep")
+    config = isolated_hold / "config.yaml"
+    config.write_text(config.read_text().replace(
+        f'nodes: ["{isolated_hold}/fakedev*"]',
+        f'nodes: ["{isolated_hold}/fakedev*"]\n    allowed_holders: ["{sleep}"]',
+    ))  # fmt: skip
+    daemonish = subprocess.Popen(["sh", "-c", f'exec {sleep} 600 3<"{fake[0]}"'])
+    procs.append(daemonish)  # type: ignore[arg-type]
+    wait_for(lambda: os.path.realpath(f"/proc/{daemonish.pid}/exe") == sleep, 10)
+    client = _hold(procs, "--device", "fake:0", "--", "true")
+    assert client.wait(timeout=20) == 0  # granted without waiting on the allowed holder
+    res = subprocess.run([*HOLD, "audit", "--device", "fake", "--json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    rows = [r for r in json.loads(res.stdout)["holders"] if r["pid"] == daemonish.pid]
+    assert rows and all(r["covered"] and r["lease"] is None for r in rows), rows
+    assert res.returncode == 0, res.stdout
+    stray = _stray(procs, fake[0])
+    res = subprocess.run([*HOLD, "audit", "--device", "fake", "--json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 1
+    assert any(r["pid"] == stray.pid and not r["covered"]
+               for r in json.loads(res.stdout)["holders"])  # fmt: skip
