@@ -577,11 +577,14 @@ def render_table(doc: dict[str, Any]) -> str:
 def _size(n: int | None) -> str:
     if n is None:
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n = n / 1024  # type: ignore[assignment]
-    return str(n)
+    if n < 1024:
+        return f"{n}B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            break
+    return f"{size:.1f}{unit}"
 
 
 # ------------------------------------------------------------------- --kill

@@ -388,10 +388,8 @@ def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> in
     finally:
         log.close()
         os.close(w)
-    buf = b""
     with os.fdopen(r, "rb") as f:
         for raw in f:
-            buf = raw
             try:
                 msg = json.loads(raw)
             except ValueError:
@@ -407,7 +405,6 @@ def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> in
                 return 0
             if "line" in msg:
                 print(msg["line"], file=sys.stderr, flush=True)
-    _ = buf
     return proc.wait()
 
 

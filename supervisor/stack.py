@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import functools
 import json
 import os
 import queue
@@ -353,8 +354,8 @@ class Stack:
         errors: list[str] = []
         code = EXIT_USAGE
         for u in self.units.values():
-            f = {"unit": u.name, "ports": ports, "run_dir": self.run_dir}
-            u.argv = tuple(fill(a, **f) for a in u.spec.cmd)  # type: ignore[arg-type]
+            f = functools.partial(fill, unit=u.name, ports=ports, run_dir=self.run_dir)
+            u.argv = tuple(f(a) for a in u.spec.cmd)
             self.ports = ports
             u.env = self._env_of(u)
             try:
@@ -367,7 +368,7 @@ class Stack:
                 continue
             if r.http is not None:
                 assert u.port is not None
-                u.probe = readiness.HttpProbe(u.port, fill(r.http, **f))  # type: ignore[arg-type]
+                u.probe = readiness.HttpProbe(u.port, f(r.http))
             elif r.tcp is not None:
                 tcp_port = u.port if r.tcp == "{port}" else int(r.tcp)
                 assert tcp_port is not None
@@ -375,13 +376,13 @@ class Stack:
             elif r.log is not None:
                 u.probe = readiness.LogProbe(r.log)
             elif r.file is not None:
-                u.probe = readiness.FileProbe(fill(r.file, **f))  # type: ignore[arg-type]
+                u.probe = readiness.FileProbe(f(r.file))
             elif r.exec is not None:
-                argv = tuple(fill(a, **f) for a in r.exec)  # type: ignore[arg-type]
+                argv = tuple(f(a) for a in r.exec)
                 u.probe = readiness.ExecProbe(argv, self._probe_starter(u))
         for t in self.tasks.values():
-            f = {"unit": t.name, "ports": ports, "run_dir": self.run_dir}
-            t.argv = tuple(fill(a, **f) for a in t.spec.cmd)  # type: ignore[arg-type]
+            f = functools.partial(fill, unit=t.name, ports=ports, run_dir=self.run_dir)
+            t.argv = tuple(f(a) for a in t.spec.cmd)
             t.env = self._env_of(t)
             try:
                 resolve(t.argv[0], t.env.get("PATH"))
