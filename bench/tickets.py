@@ -176,7 +176,7 @@ def idle_daemon(seconds: float, workdir: Path, env: dict[str, str]) -> dict[str,
             res = subprocess.run([str(VENV_BIN / "hold"), "status", "--json"], env=env,
                                  capture_output=True, text=True)  # fmt: skip
             if res.returncode == 0:
-                devs = json.loads(res.stdout)["bench"]["devices"]
+                devs = json.loads(res.stdout)["classes"]["bench"]["devices"]
                 if all(d["holder"] for d in devs):
                     break
             time.sleep(0.2)

@@ -58,6 +58,7 @@ def _classes() -> Any:
 
 
 IDLE_EXIT = 600.0  # seconds an autostarted daemon waits with nothing to do
+SYSTEM_DIR = "/run/hold"
 
 
 @cli.command("daemon")
@@ -65,7 +66,10 @@ IDLE_EXIT = 600.0  # seconds an autostarted daemon waits with nothing to do
 @click.option("--idle-exit", metavar="DURATION",
               help="Exit after this long with nothing to do (default: 10m with --detach, "
               "never without).")  # fmt: skip
-def daemon_cmd(detach: bool, idle_exit: str | None) -> None:
+@click.option("--system", is_flag=True,
+              help="Serve every user of this machine (as root, in /run/hold: what the "
+              "systemd unit runs).")  # fmt: skip
+def daemon_cmd(detach: bool, idle_exit: str | None, system: bool) -> None:
     """Serve device leases for this state directory (one daemon per directory)."""
     from hold.daemon import Daemon
     from supervisor.parse import parse_duration
@@ -77,7 +81,13 @@ def daemon_cmd(detach: bool, idle_exit: str | None) -> None:
         except BadValue as e:
             _fail(str(e))
     cfg, classes = _classes()
-    sd = _state_dir(shared=cfg.shared_state)
+    if system:
+        if os.geteuid() != 0:
+            _fail("--system: the system daemon runs as root (it serves every user)")
+        if os.environ.get("HOLD_STATE_DIR", SYSTEM_DIR) != SYSTEM_DIR:
+            _fail(f"--system: the system daemon's state directory is {SYSTEM_DIR} "
+                  "(unset HOLD_STATE_DIR)")  # fmt: skip
+    sd = _state_dir(shared=cfg.shared_state or system)
     ready_fd = None
     if detach:
         # The first process waits until the daemon serves and says so by its
@@ -99,6 +109,8 @@ def daemon_cmd(detach: bool, idle_exit: str | None) -> None:
         home_tokens=cfg.home_tokens,
         grant_busy=cfg.busy_devices,
         idle_exit=idle,
+        system=system,
+        config_path=cfg.path,
     )
     raise SystemExit(daemon.serve(ready_fd=ready_fd))
 
@@ -106,6 +118,7 @@ def daemon_cmd(detach: bool, idle_exit: str | None) -> None:
 def _client() -> Any:
     from hold.client import Client, DaemonUnreachable
 
+    _classes()  # a configuration error is reported here, not as a daemon that never answers
     try:
         return Client.connect(_state_dir())
     except DaemonUnreachable as e:
@@ -115,11 +128,22 @@ def _client() -> Any:
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_cmd(as_json: bool) -> None:
-    """Each device, its holder, and its queue."""
+    """Each device, its holder, and its queue; and which arbiter serves.
+
+    Leases of every user are shown (user, since, until); a lease's label only
+    where its owner did not make it private. Devices leased through another
+    arbiter (another user's own daemon) are shown from their kernel lock's record.
+    """
     ans = _client().request({"op": "status"})
     if as_json:
-        click.echo(json.dumps(ans["classes"], indent=2, sort_keys=True))
+        doc = {"version": 1, "arbiter": ans.get("arbiter"), "classes": ans["classes"]}
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
+    arb = ans.get("arbiter") or {}
+    kind = (
+        "system daemon" if arb.get("kind") == "system" else f"per-user daemon of {arb.get('user')}"
+    )
+    click.echo(f"arbiter: {kind} (pid {arb.get('pid')}, {arb.get('state_dir')})")
     now = time.time()
     for cls, info in sorted(ans["classes"].items()):
         for dev in info["devices"]:
@@ -128,29 +152,44 @@ def status_cmd(as_json: bool) -> None:
             if h is None:
                 click.echo(f"{name:<8} free")
                 continue
-            since = time.strftime("%H:%M:%S", time.localtime(h["since"]))
-            until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["expires"]))
-            click.echo(f"{name:<8} {h['state']:<7} lease {h['lease']}  {h['label']!r}  pid "
-                       f"{h['pid']}  user {h['user']}  since {since} "
-                       f"({int(now - h['since'])}s)  expires {until}")  # fmt: skip
+            label = repr(h["label"]) if h.get("label") is not None else "(private)"
+            state = "active" if h["state"] == "elsewhere" else h["state"]
+            where = " via another daemon" if h["state"] == "elsewhere" else ""
+            line = f"{name:<8} {state:<7} lease {h['lease']}  {label}  user {h['user']}"
+            line += f"  pid {h['pid']}"
+            if isinstance(h.get("since"), (int, float)) and isinstance(
+                h.get("expires"), (int, float)
+            ):
+                since = time.strftime("%H:%M:%S", time.localtime(h["since"]))
+                until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["expires"]))
+                line += f"  since {since} ({int(now - h['since'])}s)  until {until}"
+            click.echo(line + where)
         for n, w in enumerate(info["queue"], 1):
             what = ",".join(map(str, w["indices"])) if w["indices"] else f"{w['count']} device(s)"
-            click.echo(f"{'':<8} queue {n}: {w['label']!r} pid {w['pid']} user {w['user']} "
+            label = repr(w["label"]) if w.get("label") is not None else "(private)"
+            click.echo(f"{'':<8} queue {n}: {label} pid {w['pid']} user {w['user']} "
                        f"wants {what}")  # fmt: skip
 
 
 @cli.command("check")
 @click.option("--device", "cls", default="npu", show_default=True, help="Device class.")
 def check_cmd(cls: str) -> None:
-    """Exit 0 if this process runs inside a live lease of that class, else 1."""
-    from hold.guard import check
+    """Exit 0 if this process runs inside a live lease of that class, else 1.
 
-    _cfg, classes = _classes()
-    if cls not in classes:
-        _fail(f"--device {cls!r} is not valid: one of {', '.join(sorted(classes))}")
-    # The caller is our parent: `hold check` is a program run by the script
-    # that asks, so the question is about the parent's ancestry and cgroup.
-    ok, why = check(_state_dir(), cls, os.getppid())
+    The answer comes from the arbiter that grants the leases (asked over its
+    socket, where the kernel tells it who asks), never from a file: the
+    caller is this program's parent, and this program (its child) is what
+    the arbiter traces back to a lease's holder or cgroup leaf.
+    """
+    from hold.guard import check
+    from hold.statedir import StateDir, default_path
+
+    _classes()  # a configuration error: file:line, exit 2
+    try:
+        sd = StateDir(os.path.abspath(default_path()))
+    except BadValue as e:
+        _fail(str(e))
+    ok, why = check(sd, cls)
     click.echo(f"hold check: {why}", err=not ok)
     raise SystemExit(0 if ok else 1)
 

@@ -36,12 +36,23 @@ class Client:
         self.buf = LineBuffer()
         self.pending: list[Message] = []
         self.session: str | None = None
+        self.info: Message = {}  # what the daemon said when the session opened
+        # The kernel locks of our lease's devices, shared with the daemon (see
+        # hold.devlock): kept until the lease is over, handed back to a
+        # restarted daemon when we re-attach.
+        self.lock_fds: list[int] = []
 
     @classmethod
     def connect(cls, sd: StateDir, *, autostart: bool = True,
                 timeout: float = START_TIMEOUT) -> Client:  # fmt: skip
         sock = _try_connect(sd.socket)
         if sock is None and autostart:
+            if not os.access(sd.path, os.W_OK):
+                raise DaemonUnreachable(
+                    f"no ticket daemon serves {sd.path}, and only its owner may start one "
+                    "there; if it is the system daemon, it is down (an administrator: "
+                    "`systemctl start hold-daemon`)"
+                )
             start_daemon(sd, timeout)
             sock = _try_connect(sd.socket)
         if sock is None:
@@ -74,19 +85,26 @@ class Client:
                     raise TimeoutError("the daemon did not answer in time")
                 if not select.select([self.sock], [], [], left)[0]:
                     continue
-            try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                data = b""
+            data = self._recv(0)
             if not data:
                 return None
             self.pending.extend(self.buf.feed(data))
         return self.pending.pop(0)
 
+    def _recv(self, flags: int) -> bytes:
+        """Bytes from the daemon, keeping any descriptors it sent with them (lock fds)."""
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 8, flags)
+        except (ConnectionResetError, BrokenPipeError):
+            return b""
+        self.lock_fds.extend(fds)
+        return data
+
     def read_available(self) -> list[Message] | None:
         """Messages that have arrived (without blocking); None once the daemon is gone."""
+        data: bytes | None
         try:
-            data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+            data = self._recv(socket.MSG_DONTWAIT)
         except BlockingIOError:
             data = None
         except OSError:
@@ -112,13 +130,42 @@ class Client:
         if ans.get("ev") != "session":
             raise ProtocolError(f"unexpected answer {ans}")
         self.session = str(ans["session"])
+        self.info = ans
         return self.session
+
+    def end(self, timeout: float = 60.0) -> Message | None:
+        """End our session and wait until the daemon says it is over: trees
+        stopped, tokens removed, devices free for the next. None if the daemon
+        went away meanwhile (its successor ends the lease: we are gone by then)."""
+        try:
+            self.send({"op": "end"})
+            deadline = time.monotonic() + timeout
+            while True:
+                ans = self.recv(deadline)
+                if ans is None or ans.get("ev") in ("ended", "error"):
+                    return ans
+        except (OSError, TimeoutError, ProtocolError):
+            return None
 
     def reattach(self, timeout: float = START_TIMEOUT) -> Message:
         """After the daemon went away: connect again (starting one) and re-attach."""
         assert self.session is not None
         session = self.session
-        return self._renew(lambda: self.request({"op": "attach", "session": session}), timeout)
+
+        def attach() -> Message:
+            # Our lease's locks go back with the request: a restarted daemon
+            # holds them again with us (checked there, not believed).
+            msg = encode({"op": "attach", "session": session})
+            if self.lock_fds:
+                socket.send_fds(self.sock, [msg], self.lock_fds)
+            else:
+                self.sock.sendall(msg)
+            ans = self.recv(time.monotonic() + 10.0)
+            if ans is None:
+                raise DaemonUnreachable("the daemon closed the connection")
+            return ans
+
+        return self._renew(attach, timeout)
 
     def reopen(self, timeout: float = START_TIMEOUT) -> None:
         """After the daemon went away before granting anything: a new connection
@@ -154,7 +201,11 @@ class Client:
                 time.sleep(0.05)
 
     def close(self) -> None:
+        """Close the connection, then let go of the locks (the daemon has its own)."""
         self.sock.close()
+        for fd in self.lock_fds:
+            os.close(fd)
+        self.lock_fds = []
 
 
 def _try_connect(path: str) -> socket.socket | None:
@@ -164,6 +215,10 @@ def _try_connect(path: str) -> socket.socket | None:
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    except PermissionError:
+        sock.close()
+        raise DaemonUnreachable(f"may not connect to {path} (permission denied): it is "
+                                "another user's daemon") from None  # fmt: skip
     return sock
 
 
@@ -187,10 +242,24 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
                 if not started:
                     break  # it said it failed: no point waiting out the deadline
                 time.sleep(0.01)
+        if not started:
+            raise DaemonUnreachable(f"the ticket daemon for {sd.path} failed to start: "
+                                    f"{_last_line(sd.log)}")  # fmt: skip
     except filelock.Timeout:
         pass
     raise DaemonUnreachable(f"started a daemon for {sd.path}, but it did not answer within "
                             f"{timeout:g}s (see {sd.log})")  # fmt: skip
+
+
+def _last_line(path: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return "(no log)"
+    with os.fdopen(fd, "rb") as f:
+        f.seek(max(0, os.fstat(fd).st_size - 2000))
+        lines = f.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "(nothing in its log)"
 
 
 def _spawn_daemon(sd: StateDir, timeout: float) -> bool:

@@ -89,6 +89,12 @@ def parse_file(path: str) -> Config:
             raise BadValue(
                 "key", key, "one of busy_devices, cgroups, compat, devices, state", where
             )
+    # The device classes are checked now, whoever reads the file: a typo
+    # there is the same error (file:line) for every command, not only those
+    # that name a device.
+    from hold.devices import classes_from_config
+
+    classes_from_config(values.get("devices"), path)
     return Config(**values)
 
 

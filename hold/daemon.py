@@ -20,8 +20,10 @@ uid may signal.
 
 from __future__ import annotations
 
+import array
 import fcntl
 import json
+import math
 import os
 import pwd
 import queue
@@ -34,9 +36,9 @@ import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
-from hold import ledger, occupancy
+from hold import devlock, ledger, occupancy
 from hold.devices import DeviceClass
 from hold.ledger import Lease, SessionRec, TreeRec
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
@@ -44,7 +46,7 @@ from hold.schedule import plan
 from hold.statedir import StateDir
 from hold.tokens import UnsafePath, remove_owned, render, write_atomic
 from supervisor import procscan
-from supervisor.cgroup import Leaf, v2_mount
+from supervisor.cgroup import Leaf, own_cgroup, v2_mount
 from supervisor.identity import ProcessId, read_stat
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree, signalable_by
@@ -95,7 +97,8 @@ class Log:
 class Request:
     """A client waiting in line for devices of one class."""
 
-    __slots__ = ("checking", "conn", "count", "grace", "indices", "label", "seq", "tree", "ttl")
+    __slots__ = ("allowed", "checking", "conn", "count", "grace", "indices", "label", "private",
+                 "seq", "tree", "ttl", "wait")  # fmt: skip
 
     def __init__(self, conn: Conn, seq: int, count: int, indices: tuple[int, ...] | None,
                  label: str, ttl: float, grace: float, tree: TreeRec | None) -> None:  # fmt: skip
@@ -108,12 +111,16 @@ class Request:
         self.grace = grace
         self.tree = tree
         self.checking: list[int] | None = None  # devices being checked empty for it
+        self.wait = True  # False: --no-wait, answered "busy" rather than queued
+        self.private = False  # the label is shown to its owner and root only
+        self.allowed: frozenset[int] | None = None  # the devices the client can use
+
 
 
 class Conn:
     """One connected client, identified by the kernel."""
 
-    __slots__ = ("buf", "last_note", "peer", "pidfd", "request", "session", "sock", "uid")
+    __slots__ = ("buf", "fds", "last_note", "peer", "pidfd", "request", "session", "sock", "uid")
 
     def __init__(self, sock: socket.socket, peer: ProcessId, uid: int, pidfd: int | None) -> None:
         self.sock = sock
@@ -124,12 +131,25 @@ class Conn:
         self.session: SessionRec | None = None
         self.request: Request | None = None
         self.last_note: Any = None
+        self.fds: list[int] = []  # descriptors that came with the message being handled
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: Message, fds: list[int] | None = None) -> None:
+        data = encode(msg)
         try:
-            self.sock.sendall(encode(msg))
+            if fds:
+                # The descriptors travel with the message's first bytes.
+                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                sent = self.sock.sendmsg([data], anc)
+                data = data[sent:]
+            if data:
+                self.sock.sendall(data)
         except OSError:
             pass  # the client is gone; its close event follows
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 def _user(uid: int) -> str:
@@ -142,11 +162,23 @@ def _user(uid: int) -> str:
 class Daemon:
     def __init__(self, sd: StateDir, classes: dict[str, DeviceClass], *, shared: bool = False,
                  home_tokens: bool = False, grant_busy: str = "wait",
-                 idle_exit: float | None = None) -> None:  # fmt: skip
+                 idle_exit: float | None = None, system: bool = False,
+                 config_path: str | None = None) -> None:  # fmt: skip
         self.sd = sd
+        self.config_path = config_path
         self.classes = classes
-        self.sizes = {name: c.size() for name, c in classes.items()}
-        self.shared = shared
+        # A device is its machine-wide identity (the node's device number):
+        # the name of its kernel lock, shared with every other arbiter here.
+        self.keys = {name: c.device_keys() for name, c in classes.items()}
+        self.sizes = {name: len(keys) for name, keys in self.keys.items()}
+        self.lock_dir = devlock.lock_dir()
+        self.locks: dict[str, int] = {}  # device key -> our locked descriptor
+        # Devices whose kernel lock another arbiter holds: what its record says.
+        self.elsewhere: dict[tuple[str, int], dict[str, Any]] = {}
+        self.lock_waits: set[str] = set()  # keys a thread is blocked on
+        self.lock_got: queue.SimpleQueue[tuple[str, int | None]] = queue.SimpleQueue()
+        self.system = system
+        self.shared = shared or system
         self.home_tokens = home_tokens
         self.sel = selectors.DefaultSelector()
         self.sessions: dict[str, SessionRec] = {}
@@ -154,7 +186,8 @@ class Daemon:
         self.queues: dict[str, list[Request]] = {name: [] for name in classes}
         self.held: dict[tuple[str, int], str] = {}  # (class, index) -> session id
         self.ending: set[str] = set()  # sessions whose trees are being stopped
-        self.release_waiters: dict[str, list[Conn]] = {}
+        # Who waits for a session's end: (connection, the event to send it).
+        self.release_waiters: dict[str, list[tuple[Conn, str]]] = {}
         self.kill_at: dict[str, float] = {}  # session id -> monotonic deadline
         self.watch: dict[int, str] = {}  # pidfd of a detached owner -> session id
         self.done: queue.SimpleQueue[tuple[str, list[StopReport], dict[int, Any]]] = (
@@ -235,6 +268,7 @@ class Daemon:
                         self._on_owner_exit(key.fd)
                     elif kind == "blocker":
                         self._on_blocker_exit(key.fd)
+                self._finish_locks()
                 self._finish_checks()
                 self._finish_stops()
                 self._run_timers()
@@ -313,31 +347,41 @@ class Daemon:
 
     def _on_readable(self, conn: Conn) -> None:
         try:
-            data = conn.sock.recv(65536)
+            data, fds, _flags, _addr = socket.recv_fds(conn.sock, 65536, 8)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data, fds = b"", []
+        conn.close_fds()
+        conn.fds = list(fds)
         if not data:
+            conn.close_fds()
             self._on_close(conn)
             return
         try:
             msgs = conn.buf.feed(data)
-        except ProtocolError as e:
-            conn.send({"ev": "error", "code": 2, "error": str(e)})
-            self._on_close(conn)
-            return
-        for msg in msgs:
-            try:
+            for msg in msgs:
                 self._dispatch(conn, msg)
-            except (KeyError, TypeError, ValueError) as e:
-                conn.send({"ev": "error", "code": 2, "error": f"bad request: {e}"})
+                conn.close_fds()  # only the message they came with may take them
+        except Exception as e:
+            # Whatever one client sends ends that client's connection, never
+            # the daemon: other users' leases and trees depend on it.
+            conn.close_fds()
+            what = str(e) if isinstance(e, ProtocolError) else f"bad request: {e!r}"[:300]
+            if self.log is not None and not isinstance(e, (ProtocolError, KeyError, TypeError,
+                                                           ValueError)):  # fmt: skip
+                import traceback
+
+                self.log.error("request_failed", pid=conn.peer.pid, uid=conn.uid,
+                               error=traceback.format_exc(limit=8)[-2000:])  # fmt: skip
+            conn.send({"ev": "error", "code": 2, "error": what})
+            self._on_close(conn)
 
     def _on_close(self, conn: Conn) -> None:
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
-            pass
+            return  # already closed (a bad message ends its connection once)
         conn.sock.close()
         if conn.pidfd is not None:
             os.close(conn.pidfd)
@@ -358,7 +402,7 @@ class Daemon:
         if op == "open":
             self._open(conn)
         elif op == "attach":
-            self._attach(conn, str(msg["session"]))
+            self._attach(conn, _text(msg, "session"))
         elif op == "acquire":
             self._acquire(conn, msg)
         elif op == "tree":
@@ -366,9 +410,13 @@ class Daemon:
         elif op == "root":
             self._register_root(conn, msg)
         elif op == "status":
-            conn.send({"ev": "status", **self.status()})
+            conn.send({"ev": "status", **self.status(conn.uid)})
         elif op == "release":
-            self._release(conn, str(msg["lease"]))
+            self._release(conn, _text(msg, "lease"))
+        elif op == "end":
+            self._end(conn)
+        elif op == "check":
+            self._check(conn, _text(msg, "cls"))
         else:
             conn.send({"ev": "error", "code": 2, "error": f"unknown op {op!r}"})
 
@@ -381,7 +429,8 @@ class Daemon:
         self.sessions[sid] = s
         self.attached[sid] = conn
         conn.session = s
-        conn.send({"ev": "session", "session": sid})
+        conn.send({"ev": "session", "session": sid, "arbiter": self._arbiter(),
+                   "classes": dict(self.sizes)})  # fmt: skip
 
     def _attach(self, conn: Conn, sid: str) -> None:
         s = self.sessions.get(sid)
@@ -401,6 +450,8 @@ class Daemon:
         self.attached[sid] = conn
         conn.session = s
         lease = s.lease
+        if lease is not None:
+            self._take_back_locks(lease.cls, lease.devices, conn.fds)
         conn.send({"ev": "attached", "lease": lease.to_json() if lease else None})
         if lease is not None and lease.state == "expired":
             conn.send({"ev": "expired", "grace": lease.grace})
@@ -412,22 +463,31 @@ class Daemon:
             conn.send({"ev": "error", "code": 2, "error": "acquire needs an open session "
                        "without a lease"})  # fmt: skip
             return
-        cls = str(msg["cls"])
+        cls = _text(msg, "cls")
         if cls not in self.classes:
             conn.send({"ev": "error", "code": 2, "error": f"unknown device class {cls!r} "
                        f"(known: {', '.join(sorted(self.classes))})"})  # fmt: skip
             return
         size = self.sizes[cls]
-        indices = tuple(int(i) for i in msg["indices"]) if msg.get("indices") else None
-        count = len(indices) if indices else int(msg.get("count", 1))
+        indices = _ints(msg, "indices")
+        allowed = _ints(msg, "allowed")
+        count = len(indices) if indices else _number(msg, "count", int, 1)
         if count < 1 or count > size or (indices and any(i < 0 or i >= size for i in indices)):
             conn.send({"ev": "error", "code": 2, "error": f"{cls} has {size} device(s) here; "
                        f"cannot grant {indices or count}"})  # fmt: skip
             return
-        label = str(msg["label"])
+        usable = None if allowed is None else frozenset(i for i in allowed if 0 <= i < size)
+        if usable is not None and (
+            len(usable) < count or (indices and not set(indices) <= usable)
+        ):
+            conn.send({"ev": "error", "code": 2, "error": f"only {cls}:"
+                       f"{','.join(map(str, sorted(usable))) or '(none)'} can be used from "
+                       f"here; cannot grant {indices or count}"})  # fmt: skip
+            return
+        label = _text(msg, "label")
         why = check_label(label)
-        ttl = float(msg["ttl"])
-        grace = float(msg.get("grace", 10.0))
+        ttl = _number(msg, "ttl", float)
+        grace = _number(msg, "grace", float, 10.0)
         if why is None and not (0 < ttl <= 366 * 86400 and 0 <= grace <= 3600):
             why = f"time limit {ttl} s or grace {grace} s out of range"
         tree = self._tree_from(conn, msg.get("tree")) if msg.get("tree") else None
@@ -436,10 +496,16 @@ class Daemon:
             return
         self.seq += 1
         req = Request(conn, self.seq, count, indices, label, ttl, grace, tree)
+        req.wait = _flag(msg, "wait", True)
+        req.private = _flag(msg, "private", False)
+        req.allowed = usable
         conn.request = req
         self.queues[cls].append(req)
         self._schedule(cls)
-        if conn.request is req and not msg.get("wait", True):
+        if conn.request is req and not req.wait and req.checking is None:
+            # Not grantable now, and not being checked: busy. (One being
+            # checked is answered when its scan is done: a free device with
+            # nodes is granted to --no-wait too.)
             self._drop_request(req)
             conn.send({"ev": "busy", **self._holders_note(cls, req)})
 
@@ -448,8 +514,13 @@ class Daemon:
         if not isinstance(d, dict) or not _TREE_ID.fullmatch(str(d.get("tree_id", ""))):
             return None
         tree_id = str(d["tree_id"])
-        grace = float(d.get("grace", 10.0))
+        grace = _number(d, "grace", float, 10.0)
         if not 0 <= grace <= 3600:
+            return None
+        # An id is one tree: a client cannot take over another's by naming it
+        # (the daemon would stop that tree when this client's connection ends).
+        if any(tree_id in other.trees for other in self.sessions.values()
+               if other is not conn.session):  # fmt: skip
             return None
         leaf = d.get("leaf")
         if leaf is not None:
@@ -483,8 +554,8 @@ class Daemon:
     def _register_root(self, conn: Conn, msg: Message) -> None:
         """The spawned root of a registered tree: believed only if it descends from the client."""
         s = conn.session
-        tree = s.trees.get(str(msg["tree_id"])) if s is not None else None
-        pid = int(msg["pid"])
+        tree = s.trees.get(_text(msg, "tree_id")) if s is not None else None
+        pid = _number(msg, "pid", int)
         if s is None or tree is None:
             return
         try:
@@ -511,11 +582,41 @@ class Daemon:
             conn.send({"ev": "error", "code": 2, "error": f"lease {lease_id} belongs to "
                        f"{target.user}; only that user or root may release it"})  # fmt: skip
             return
-        self.release_waiters.setdefault(target.session_id, []).append(conn)
+        self.release_waiters.setdefault(target.session_id, []).append((conn, "released"))
         holder = self.attached.get(target.session_id)
         if holder is not None:
             holder.send({"ev": "released", "by": _user(conn.uid)})
         self._end_session(target, f"released by {_user(conn.uid)}")
+
+    def _end(self, conn: Conn) -> None:
+        """The holder is done: stop its trees, free its devices, then answer "ended".
+
+        A client waits for this before it exits, so that when ``npu-hold``
+        returns the lease is over: token gone, device grantable.
+        """
+        s = conn.session
+        if s is None:
+            conn.send({"ev": "error", "code": 2, "error": "no session to end"})
+            return
+        if not s.persistent:
+            self.sessions.pop(s.session_id, None)
+            self.attached.pop(s.session_id, None)
+            conn.session = None
+            conn.send({"ev": "ended"})
+            return
+        self.release_waiters.setdefault(s.session_id, []).append((conn, "ended"))
+        self._end_session(s, "ended by its holder")
+
+    def _check(self, conn: Conn, cls: str) -> None:
+        """``hold check``, answered for the asking process (the kernel says who it is)."""
+        if cls not in self.classes:
+            conn.send({"ev": "error", "code": 2, "error": "a device class: "
+                       + ", ".join(sorted(self.classes))})  # fmt: skip
+            return
+        records = [self._record(s) for s in self.sessions.values()
+                   if s.lease is not None and s.lease.state != "ending"]  # fmt: skip
+        covered, why = judge(conn.peer, cls, records)
+        conn.send({"ev": "check", "covered": covered, "why": why, "arbiter": self._arbiter()})
 
     # ------------------------------------------------------------ scheduling
 
@@ -530,17 +631,109 @@ class Daemon:
 
     def _schedule(self, cls: str) -> None:
         q = self.queues[cls]
-        busy = set(self.held) | set(self.verifying) | set(self.blocked)
-        free = [i for i in range(self.sizes[cls]) if (cls, i) not in busy]
         waiting = [r for r in q if r.checking is None]
-        for pos, devices in reversed(plan(free, waiting)):
+        while True:
+            # A device is busy by its key: another class may name the same node.
+            busy = {self._key(k) for k in (*self.held, *self.verifying, *self.blocked)}
+            free = [i for i, key in enumerate(self.keys[cls])
+                    if key not in busy and (cls, i) not in self.elsewhere]  # fmt: skip
+            grants = plan(free, waiting)
+            # Each device to grant (or check) needs its machine-wide lock first;
+            # one that another arbiter holds is out of the plan: plan again.
+            if all(self._lock(cls, i) for _, devices in grants for i in devices):
+                break
+        for pos, devices in reversed(grants):
             req = waiting[pos]
             if self.scanned[cls]:
                 self._verify(cls, req, devices)
             else:
                 q.remove(req)
                 self._grant(cls, req, devices)
+        self._release_idle_locks()
         self._notify_queue(cls)
+
+    # ---------------------------------------------------------- kernel locks
+
+    def _key(self, device: tuple[str, int]) -> str:
+        return self.keys[device[0]][device[1]]
+
+    def _lock(self, cls: str, index: int) -> bool:
+        """Hold ``cls:index``'s machine-wide lock (True), or note who does and wait for it."""
+        key = self.keys[cls][index]
+        if key in self.locks:
+            return True
+        path = devlock.lock_path(self.lock_dir, key)
+        try:
+            fd = devlock.acquire(path)
+        except devlock.LockUnusable as e:
+            # Nobody can wait on a file we cannot open: looked at again by
+            # the periodic re-check.
+            self.elsewhere[(cls, index)] = {"error": str(e)}
+            self.recheck_at = time.monotonic() + RECHECK_BLOCKED
+            return False
+        if fd is not None:
+            self.locks[key] = fd
+            return True
+        self.elsewhere[(cls, index)] = devlock.read_owner(path) or {}
+        if key not in self.lock_waits:
+            self.lock_waits.add(key)
+            threading.Thread(target=self._wait_lock, args=(key, path), daemon=True).start()
+        return False
+
+    def _wait_lock(self, key: str, path: str) -> None:
+        """(Worker) block until another arbiter lets go of ``key``; hand the lock to the loop."""
+        fd: int | None
+        try:
+            fd = devlock.wait(path)
+        except (devlock.LockUnusable, OSError):
+            fd = None
+        self.lock_got.put((key, fd))
+        os.write(self._wake_w, b"l")
+
+    def _finish_locks(self) -> None:
+        while True:
+            try:
+                key, fd = self.lock_got.get_nowait()
+            except queue.Empty:
+                return
+            self.lock_waits.discard(key)
+            if fd is not None:
+                if key in self.locks:
+                    os.close(fd)
+                else:
+                    self.locks[key] = fd
+            classes = {c for (c, i) in self.elsewhere if self.keys[c][i] == key}
+            for c in classes:
+                for i, k in enumerate(self.keys[c]):
+                    if k == key:
+                        self.elsewhere.pop((c, i), None)
+            for c in classes:
+                self._schedule(c)
+            self._release_idle_locks()
+
+    def _release_idle_locks(self) -> None:
+        """Let go of every lock no lease of ours holds and no grant is being checked for."""
+        used = {self._key(k) for k in (*self.held, *self.verifying)}
+        for key in [k for k in self.locks if k not in used]:
+            fd = self.locks.pop(key)
+            try:
+                os.ftruncate(fd, 0)  # its record was about a lease that is over
+            except OSError:
+                pass
+            os.close(fd)
+
+    def _take_back_locks(self, cls: str, devices: list[int], fds: list[int]) -> None:
+        """A re-attaching client hands back the locks of its lease (after our restart).
+
+        Believed only for what they are: the lock file of one of the lease's
+        devices (same inode), whose lock this descriptor holds.
+        """
+        for i in devices:
+            key = self.keys[cls][i]
+            path = devlock.lock_path(self.lock_dir, key)
+            for fd in fds:
+                if key not in self.locks and devlock.same_file(fd, path) and devlock.try_lock(fd):
+                    self.locks[key] = os.dup(fd)
 
     # ------------------------------------------------------------ occupancy
 
@@ -580,6 +773,10 @@ class Daemon:
                 if req.conn.session is not None:
                     self._log("grant_blocked", req.conn.session, devices=devices,
                               holders={str(i): h for i, h in found.items()})  # fmt: skip
+                if not req.wait:
+                    q.remove(req)
+                    req.conn.request = None
+                    req.conn.send({"ev": "busy", **self._holders_note(cls, req)})
                 self._schedule(cls)
                 continue
             if found:
@@ -630,11 +827,15 @@ class Daemon:
             s.trees[req.tree.tree_id] = req.tree
         for i in devices:
             self.held[(cls, i)] = s.session_id
+        lease.private = req.private
         # On disk before anyone is told: a restarted daemon must know.
         self._save()
         try:
             self._write_tokens(s)
-        except (UnsafePath, OSError) as e:
+            owner = self._lock_record(s)
+            for i in devices:
+                devlock.write_owner(self.locks[self.keys[cls][i]], owner)
+        except (UnsafePath, OSError, ValueError) as e:
             self._log("grant_refused", s, error=str(e))
             conn.send({"ev": "error", "code": 125, "error": f"cannot record the lease: {e}"})
             s.lease = None
@@ -648,18 +849,34 @@ class Daemon:
             self._schedule(cls)
             return
         self._log("granted", s, label=req.label, devices=devices, expires=lease.expires)
+        # The client holds the locks with us (one open file description each):
+        # neither one's death alone lets another arbiter grant the devices.
         conn.send({"ev": "granted", "lease": lease.lease_id, "cls": cls, "devices": devices,
-                   "expires": lease.expires, "granted": now})  # fmt: skip
+                   "expires": lease.expires, "granted": now},
+                  fds=[self.locks[self.keys[cls][i]] for i in devices])  # fmt: skip
+
+    def _lock_record(self, s: SessionRec) -> dict[str, Any]:
+        """What a lock file says of its lease, for waiters served by other arbiters."""
+        assert s.lease is not None
+        rec = {"uid": s.uid, "user": s.user, "pid": s.owner_pid, "start": s.owner_start,
+               "since": s.lease.granted, "until": s.lease.expires, "lease": s.lease.lease_id,
+               "cls": s.lease.cls, "arbiter": self.sd.path, "daemon_pid": os.getpid()}  # fmt: skip
+        if not s.lease.private:
+            rec["label"] = s.lease.label
+        return rec
 
     def _holders_note(self, cls: str, req: Request) -> dict[str, Any]:
         q = self.queues[cls]
         position = q.index(req) + 1 if req in q else 0
         blocked = [{"index": i, "holders": h} for (c, i), h in sorted(self.blocked.items())
                    if c == cls]  # fmt: skip
-        return {"cls": cls, "position": position, "holders": self._holders(cls),
-                "blocked": blocked}  # fmt: skip
+        elsewhere = [{"index": i, **rec} for (c, i), rec in sorted(self.elsewhere.items())
+                     if c == cls]  # fmt: skip
+        viewer = req.conn.uid
+        return {"cls": cls, "position": position, "holders": self._holders(cls, viewer),
+                "blocked": blocked, "elsewhere": elsewhere}  # fmt: skip
 
-    def _holders(self, cls: str) -> list[dict[str, Any]]:
+    def _holders(self, cls: str, viewer: int) -> list[dict[str, Any]]:
         out = []
         seen: set[str] = set()
         for (c, _i), sid in sorted(self.held.items()):
@@ -667,7 +884,8 @@ class Daemon:
             if c != cls or sid in seen or s is None or s.lease is None:
                 continue
             seen.add(sid)
-            out.append({"lease": s.lease.lease_id, "label": s.lease.label, "pid": s.owner_pid,
+            out.append({"lease": s.lease.lease_id, "label": _label_for(s, viewer),
+                        "pid": s.owner_pid,
                         "user": s.user, "since": s.lease.granted, "expires": s.lease.expires,
                         "devices": s.lease.devices, "state": s.lease.state})  # fmt: skip
         return out
@@ -700,7 +918,7 @@ class Daemon:
             if s.lease and self.scanned[s.lease.cls]
             else None
         )
-        uid = s.uid if os.geteuid() == 0 and s.uid != 0 else None
+        uid = _limit_uid(s.uid)
         if not trees and devices is None:
             # Nothing to stop or scan: end it in this turn of the loop (a
             # thread's start-up would be most of the handoff's latency).
@@ -719,7 +937,7 @@ class Daemon:
             leaf=Leaf(t.leaf) if t.leaf else None,
             since=t.since,
             # Running as root for another user: no further than that user could go.
-            uid=s.uid if os.geteuid() == 0 and s.uid != 0 else None,
+            uid=_limit_uid(s.uid),
         )  # fmt: skip
 
     def _stop_worker(self, sid: str, trees: list[Tree], grace: float,
@@ -781,11 +999,15 @@ class Daemon:
                     self._log("device_still_held", s, device=i, holders=holders)
             self._save()
             self._log("session_ended", s)
-            for waiter in self.release_waiters.pop(sid, []):
-                waiter.send({"ev": "released", "survivors": survivors})
+            owner = self.attached.pop(sid, None)
+            if owner is not None:
+                owner.session = None
+            for waiter, ev in self.release_waiters.pop(sid, []):
+                waiter.send({"ev": ev, "survivors": survivors})
             if cls is not None:
                 self._schedule(cls)
                 self._remember(s)  # after the next grant: it is not on the handoff's path
+            self._release_idle_locks()
 
     # ----------------------------------------------------------------- timers
 
@@ -849,10 +1071,24 @@ class Daemon:
     def _recover(self) -> None:
         """Re-read the state: live owners may re-attach; dead owners' trees are stopped."""
         for s in ledger.load(self.sd.state):
+            if s.lease is not None and s.lease.cls not in self.classes:
+                # Its class is gone from the configuration: its devices cannot
+                # be named any more, but its trees are still stopped.
+                self._log("recovered_unknown_class", s, cls=s.lease.cls)
+                s.lease = None
             self.sessions[s.session_id] = s
             if s.lease is not None:
                 for i in s.lease.devices:
                     self.held[(s.lease.cls, i)] = s.session_id
+                    # Ours again if the holder died with the old daemon; else
+                    # the holder hands its descriptor back when it re-attaches.
+                    key = self.keys[s.lease.cls][i]
+                    try:
+                        lock_fd = devlock.acquire(devlock.lock_path(self.lock_dir, key))
+                    except devlock.LockUnusable:
+                        lock_fd = None
+                    if lock_fd is not None:
+                        self.locks[key] = lock_fd
             owner = ProcessId(s.owner_pid, s.owner_start)
             fd: int | None = None
             try:
@@ -956,7 +1192,17 @@ class Daemon:
             self.log.info(event, session=s.session_id, lease=lease, pid=s.owner_pid,
                           user=s.user, **kw)  # fmt: skip
 
-    def status(self) -> dict[str, Any]:
+    def _arbiter(self) -> dict[str, Any]:
+        """Which arbiter this is: the machine's system daemon, or one user's own."""
+        return {"kind": "system" if self.system else "per-user", "state_dir": self.sd.path,
+                "pid": os.getpid(), "user": _user(os.geteuid()),
+                "config": self.config_path}  # fmt: skip
+
+    def status(self, viewer: int) -> dict[str, Any]:
+        """Every device and its holder as ``viewer`` (a uid) may see it: labels of
+        private leases only for their owner and root. Devices leased through
+        another arbiter (another user's daemon) are shown from their lock's record."""
+        locked = devlock.locked_inodes()
         classes = {}
         for cls in self.classes:
             devices = []
@@ -965,15 +1211,116 @@ class Daemon:
                 s = self.sessions.get(sid) if sid else None
                 holder = None
                 if s is not None and s.lease is not None:
-                    holder = {"lease": s.lease.lease_id, "label": s.lease.label,
+                    holder = {"lease": s.lease.lease_id, "label": _label_for(s, viewer),
                               "pid": s.owner_pid, "user": s.user, "since": s.lease.granted,
                               "expires": s.lease.expires, "state": s.lease.state}  # fmt: skip
+                elif self.keys[cls][i] not in self.locks:
+                    path = devlock.lock_path(self.lock_dir, self.keys[cls][i])
+                    if devlock.is_locked(path, locked):
+                        rec = devlock.read_owner(path) or {}
+                        holder = {"lease": rec.get("lease", "?"), "label": rec.get("label"),
+                                  "pid": rec.get("pid"), "user": rec.get("user", "?"),
+                                  "since": rec.get("since"), "expires": rec.get("until"),
+                                  "state": "elsewhere",
+                                  "arbiter": rec.get("arbiter")}  # fmt: skip
                 devices.append({"index": i, "holder": holder})
-            waiting = [{"label": r.label, "pid": r.conn.peer.pid, "user": _user(r.conn.uid),
+            waiting = [{"label": r.label if viewer in (0, r.conn.uid) or not r.private
+                        else None, "pid": r.conn.peer.pid, "user": _user(r.conn.uid),
                         "count": r.count, "indices": r.indices}
                        for r in self.queues[cls]]  # fmt: skip
             classes[cls] = {"devices": devices, "queue": waiting}
-        return {"classes": classes}
+        return {"classes": classes, "arbiter": self._arbiter()}
+
+
+def judge(asker: ProcessId, cls: str, records: list[dict[str, Any]]) -> tuple[bool, str]:
+    """``hold check``'s answer for the process ``asker`` against live lease records.
+
+    Proven by ancestry, never by text: an ancestor of the asker (or the asker
+    itself), matched by pid *and* start time, must be the holder of a lease
+    of ``cls``, or the asker must live in the cgroup leaf of that lease's
+    tree (which covers a descendant that daemonised and lost its ancestry).
+    """
+    me = procscan.stat_of(asker.pid)
+    if me is None or me.starttime != asker.starttime:
+        return False, "the asking process is gone"
+    chain = {(st.pid, st.starttime) for st in [me, *procscan.ancestors(asker.pid)]}
+    mount = v2_mount()
+    mine = own_cgroup(asker.pid)
+    where = os.path.normpath(mount + mine) if mount and mine else None
+    others: list[str] = []
+    for rec in records:
+        label = (f"{rec['cls']} lease {rec['lease']} ({rec['label']!r}, "
+                 f"holder pid {rec['holder_pid']})")  # fmt: skip
+        holder = (rec["holder_pid"], rec["holder_start"])
+        if rec["cls"] != cls:
+            if holder in chain:
+                others.append(label)
+            continue
+        if holder in chain:
+            return True, f"inside {label}"
+        for leaf in rec.get("leaves") or []:
+            if where is not None and (where == leaf or where.startswith(leaf + "/")):
+                return True, f"inside {label} (by its cgroup)"
+    if others:
+        return False, f"no {cls} lease covers this process; only {', '.join(others)}"
+    return False, f"no {cls} lease covers this process"
+
+
+def _label_for(s: SessionRec, viewer: int) -> str | None:
+    assert s.lease is not None
+    return s.lease.label if viewer in (0, s.uid) or not s.lease.private else None
+
+
+def _limit_uid(uid: int) -> int | None:
+    """How far the daemon may go stopping a tree of ``uid``: no further than that user could.
+
+    None (no limit) when the daemon runs as that user anyway, or for root's trees.
+    """
+    return None if uid == 0 or uid == os.geteuid() else uid
+
+
+def _text(msg: Message, name: str) -> str:
+    value = msg.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} must be a string")
+    return value
+
+
+def _flag(msg: Message, name: str, default: bool) -> bool:
+    value = msg.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name!r} must be true or false")
+    return value
+
+
+NumT = TypeVar("NumT", int, float)
+
+
+def _number(msg: Message, name: str, kind: type[NumT], default: NumT | None = None) -> NumT:
+    value = msg.get(name, default)
+    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if not ok or isinstance(value, bool) or value is None:
+        raise ValueError(f"{name!r} must be a number")
+    out = kind(value)
+    if kind is float and not math.isfinite(out):
+        raise ValueError(f"{name!r} must be finite")
+    if kind is int and not -(2**31) <= out < 2**31:
+        raise ValueError(f"{name!r} out of range")
+    return out
+
+
+def _ints(msg: Message, name: str) -> tuple[int, ...] | None:
+    value = msg.get(name)
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list) or len(value) > 1024:
+        raise ValueError(f"{name!r} must be a list of device indices")
+    out = []
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 65536:
+            raise ValueError(f"{name!r} must be a list of device indices")
+        out.append(v)
+    return tuple(sorted(set(out)))
 
 
 def _pidfd_exited(fd: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from typing import Any, NamedTuple
 
 from supervisor.parse import BadValue
@@ -39,15 +40,57 @@ class DeviceClass(NamedTuple):
         return exe in self.allowed_holders
 
     def device_nodes(self) -> list[str]:
-        """The per-device nodes present now, in device order (natural sort)."""
+        """The per-device nodes present now, in device order (natural sort).
+
+        A device is its device number, not a path: two paths to one node (a
+        hard link, a second node with the same numbers, a symlink) are one
+        device, listed once under the first path in that order.
+        """
         found: set[str] = set()
         for pattern in self.nodes:
             found.update(glob.glob(pattern))
-        return sorted(found, key=_natural)
+        out: list[str] = []
+        seen: set[str] = set()
+        for path in sorted(found, key=_natural):
+            key = node_key(path)
+            if key is None or key in seen:
+                continue
+            seen.add(key)
+            out.append(path)
+        return out
+
+    def device_keys(self) -> list[str]:
+        """The machine-wide identity of each device, in device order (see :func:`node_key`).
+
+        A class without nodes has one logical device, named by the class.
+        """
+        keys = [node_key(p) for p in self.device_nodes()]
+        return [k for k in keys if k is not None] or [f"logical-{self.name}"]
 
     def size(self) -> int:
         """How many devices this class has here (at least one, a logical one)."""
         return max(1, len(self.device_nodes()))
+
+
+def node_key(path: str) -> str | None:
+    """What one device is, machine-wide: ``c<major>-<minor>`` for a character
+    node (``b`` for a block node), ``f<dev>-<inode>`` for a regular file (a
+    test's stand-in). None if the path is gone or is something else.
+
+    Every arbiter on the machine names a device's kernel lock by this key, so
+    two configurations that reach one node through different paths still
+    exclude each other.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
+        return f"{kind}{os.major(st.st_rdev)}-{os.minor(st.st_rdev)}"
+    if stat.S_ISREG(st.st_mode):
+        return f"f{st.st_dev:x}-{st.st_ino}"
+    return None
 
 
 def _natural(path: str) -> list[Any]:

@@ -1,57 +1,61 @@
-"""``hold check``: is this process inside a live ticket for a device class?
+"""``hold check``: is the caller inside a live ticket for a device class?
 
-Proven by ancestry, never by text: an ancestor of the caller, matched by pid
-*and* start time, must be the holder recorded in a live token of that class,
-or the caller must live in the cgroup leaf of that lease's tree (which also
-covers a descendant that daemonised and lost its ancestry). Command lines and
-environment variables are never consulted: anyone can write ``npu-hold`` or a
-lease id into those.
+The answer comes from the arbiter that grants the leases, never from a file:
+token files sit in a directory the caller may control, and anyone can write
+one. ``hold check`` connects to the arbiter's socket (it never starts one: a
+daemon that has just started holds no lease) and asks; the arbiter learns
+who asks from the kernel (``SO_PEERCRED``) and answers by ancestry or by
+cgroup leaf (:func:`hold.daemon.judge`). The arbiter itself must be the
+machine's (root) or the caller's own: a daemon of another user could answer
+anything.
 """
 
 from __future__ import annotations
 
-import glob
 import os
+import socket
+import struct
+import time
 
+from hold.protocol import LineBuffer, ProtocolError, encode
 from hold.statedir import StateDir
-from hold.tokens import read_record
-from supervisor import procscan
-from supervisor.cgroup import own_cgroup, v2_mount
-from supervisor.identity import ProcessId
+from supervisor.parse import BadValue
+
+TIMEOUT = 10.0
 
 
-def check(sd: StateDir, cls: str, pid: int | None = None) -> tuple[bool, str]:
-    """``(covered, one line saying why)`` for ``pid`` (default: this process)."""
-    pid = os.getpid() if pid is None else pid
-    # The caller itself counts too: `npu-hold -- hold check` asks about its
-    # parent, which is the holder.
-    me = procscan.stat_of(pid)
-    chain = {(st.pid, st.starttime) for st in [*([me] if me else []), *procscan.ancestors(pid)]}
-    mount = v2_mount()
-    mine = own_cgroup(pid)
-    where = os.path.normpath(mount + mine) if mount and mine else None
-    others: list[str] = []
-    stale = 0
-    for path in sorted(glob.glob(os.path.join(sd.path, "*-*.token"))):
-        rec = read_record(path)
-        if rec is None:
-            continue
-        holder = ProcessId(int(rec["holder_pid"]), int(rec["holder_start"]))
-        if not holder.is_running():
-            stale += 1
-            continue
-        label = f"{rec['cls']} lease {rec['lease']} ({rec['label']!r}, holder pid {holder.pid})"
-        if rec["cls"] != cls:
-            if (holder.pid, holder.starttime) in chain:
-                others.append(label)
-            continue
-        if (holder.pid, holder.starttime) in chain:
-            return True, f"inside {label}"
-        for leaf in rec.get("leaves") or []:
-            if where is not None and (where == leaf or where.startswith(leaf + "/")):
-                return True, f"inside {label} (by its cgroup)"
-    if others:
-        return False, f"no {cls} lease covers this process; only {', '.join(others)}"
-    if stale:
-        return False, f"no live {cls} lease covers this process ({stale} stale token(s))"
-    return False, f"no {cls} lease covers this process"
+def check(sd: StateDir, cls: str) -> tuple[bool, str]:
+    """``(covered, one line saying why)`` for this process (and so for its parent)."""
+    no = f"no {cls} lease covers this process"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        try:
+            sock.connect(sd.socket)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False, f"{no}: no ticket daemon serves {sd.path}"
+        except PermissionError:
+            return False, f"{no}: may not reach the ticket daemon at {sd.socket}"
+        _pid, uid, _gid = struct.unpack(
+            "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )
+        if uid not in (0, os.geteuid()):
+            return False, (f"{no}: the daemon at {sd.socket} runs as uid {uid}, neither "
+                           "root nor you; its answer proves nothing")  # fmt: skip
+        sock.settimeout(TIMEOUT)
+        sock.sendall(encode({"op": "check", "cls": cls}))
+        buf = LineBuffer()
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            data = sock.recv(65536)
+            if not data:
+                break
+            for msg in buf.feed(data):
+                if msg.get("ev") == "check":
+                    return bool(msg.get("covered") is True), str(msg.get("why"))
+                if msg.get("ev") == "error":
+                    raise BadValue("--device", cls, str(msg.get("error")))
+        return False, "the ticket daemon did not answer"
+    except (OSError, ProtocolError) as e:
+        return False, f"no answer from the ticket daemon at {sd.socket}: {e}"
+    finally:
+        sock.close()

@@ -46,7 +46,8 @@ class TreeRec:
 class Lease:
     """Devices granted to one session, until ``expires`` (wall clock, seconds)."""
 
-    __slots__ = ("cls", "devices", "expires", "grace", "granted", "label", "lease_id", "state")
+    __slots__ = ("cls", "devices", "expires", "grace", "granted", "label", "lease_id", "private",
+                 "state")  # fmt: skip
 
     def __init__(self, lease_id: str, cls: str, devices: list[int], label: str,
                  granted: float, expires: float, grace: float) -> None:  # fmt: skip
@@ -58,6 +59,7 @@ class Lease:
         self.expires = expires
         self.grace = grace
         self.state = "active"  # active -> expired (client told) -> ending (trees stopping)
+        self.private = False  # the label is shown to its owner and root only
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -67,6 +69,7 @@ class Lease:
         lease = cls(d["lease_id"], d["cls"], list(d["devices"]), d["label"], d["granted"],
                     d["expires"], d["grace"])  # fmt: skip
         lease.state = d.get("state", "active")
+        lease.private = bool(d.get("private", False))
         return lease
 
 

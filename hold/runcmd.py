@@ -55,6 +55,7 @@ OPTIONS: tuple[Option, ...] = (
     ("--wait-timeout", None, "DURATION",
      "give up waiting for the device after this long: exit 75 (plain number: seconds)"),
     ("--no-wait", None, None, "exit 75 at once if the device is taken"),
+    ("--private", None, None, "show the label to you and root only (with --device)"),
     ("--verbose", "-v", None, "print the stop report on stderr"),
     ("--help", "-h", None, "show this message and exit"),
 )  # fmt: skip
@@ -80,6 +81,7 @@ class RunArgs:
         self.count: int | None = None
         self.wait_timeout: float | None = None
         self.no_wait = False
+        self.private = False
         self.verbose = False
         self.help = False
 
@@ -165,6 +167,8 @@ def parse_run_args(argv: list[str], *, device: str | None = None) -> RunArgs:
             args.verbose = True
         elif long == "--no-wait":
             args.no_wait = True
+        elif long == "--private":
+            args.private = True
         elif value is None:
             raise AssertionError(long)
         elif long == "--time":
@@ -199,7 +203,8 @@ def parse_run_args(argv: list[str], *, device: str | None = None) -> RunArgs:
     if args.device is None:
         for flag, given in (("--label", args.label), ("--count", args.count),
                             ("--wait-timeout", args.wait_timeout),
-                            ("--no-wait", args.no_wait or None)):  # fmt: skip
+                            ("--no-wait", args.no_wait or None),
+                            ("--private", args.private or None)):  # fmt: skip
             if given is not None:
                 raise UsageError(f"{flag} needs --device (or npu-hold / gpu-hold)")
     if args.label is not None:
@@ -327,6 +332,22 @@ class Run:
             grace=args.grace, stop_signal=args.signal, hierarchy=hierarchy,
             interactive=is_foreground_tty(0),
         )  # fmt: skip
+        # The grace goes with the tree: the daemon stopping it (if we die)
+        # must allow what the user asked for, lease or not.
+        tree: dict[str, object] = {"tree_id": tree_id, "leaf": None, "grace": args.grace}
+        try:
+            if client is not None and self.spec is not None:
+                # Wait in line first, with the tree known by its marker only:
+                # the leaf is made once the lease is granted (a leaf made before
+                # a long wait can be removed by someone else in the meantime).
+                code = self._acquire(client, tree, env)
+                if code is not None:
+                    return code
+                fg.env = env
+                fg.timeout = self.expires - time.time()
+        except (OSError, TimeoutError) as e:
+            self.say(f"lost the ticket daemon: {e}")
+            return EXIT_TOOL
         try:
             leaf = fg.prepare()
         except CgroupUnavailable as e:  # writable, yet no leaf could be made
@@ -335,18 +356,9 @@ class Run:
                 return 2
             fg.hierarchy = None
             leaf = fg.prepare()
-        # The grace goes with the tree: the daemon stopping it (if we die)
-        # must allow what the user asked for, lease or not.
-        tree = {"tree_id": tree_id, "leaf": leaf.path if leaf else None, "grace": args.grace}
         try:
-            if client is not None and self.spec is not None:
-                code = self._acquire(client, tree, env)
-                if code is not None:
-                    fg.discard()
-                    return code
-                fg.env = env
-                fg.timeout = self.expires - time.time()
-            elif client is not None:
+            if client is not None and (leaf is not None or self.spec is None):
+                tree["leaf"] = leaf.path if leaf else None
                 ans = client.request({"op": "tree", **tree})
                 if ans.get("ev") != "ok":
                     self.say(f"warning: the daemon refused to guard this command: {ans}")
@@ -373,6 +385,10 @@ class Run:
             return e.exit_code
         finally:
             if self.client is not None:
+                if self.lease is not None:
+                    # Returns once the daemon has ended the lease: the token is
+                    # gone and the device grantable when we return.
+                    self.client.end()
                 self.client.close()
         report = result.report
         if args.verbose or report.survivors:
@@ -400,7 +416,7 @@ class Run:
             client, self.sd, self.say, cls=cls, indices=indices, count=args.count or 1,
             label=args.label or os.path.basename(args.command[0]),
             ttl=args.time or DEFAULT_TTL, grace=args.grace, wait=not args.no_wait,
-            wait_timeout=args.wait_timeout, tree=tree, env=env,
+            wait_timeout=args.wait_timeout, tree=tree, env=env, private=args.private,
         )  # fmt: skip
         if isinstance(got, int):
             return got
@@ -437,6 +453,7 @@ def acquire_lease(
     wait_timeout: float | None,
     tree: Mapping[str, object] | None,
     env: dict[str, str],
+    private: bool = False,
 ) -> Granted | int:
     """Ask for a lease and wait in line (saying who holds the device after 1 s).
 
@@ -451,6 +468,7 @@ def acquire_lease(
     ask = {
         "op": "acquire", "cls": cls, "indices": indices, "count": count,
         "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
+        "private": private,
     }  # fmt: skip
     client.send(ask)
     start = time.monotonic()
@@ -501,10 +519,10 @@ def acquire_lease(
                 env.setdefault("HOLD_CONFIG", os.environ["HOLD_CONFIG"])
             from hold.config import load
             from hold.devices import classes_from_config
+            from hold.gpuids import visible_env
 
             cfg = load()
-            for name in classes_from_config(cfg.devices, cfg.path)[cls].visible_env:
-                env[name] = ",".join(str(i) for i in devices)
+            env.update(visible_env(classes_from_config(cfg.devices, cfg.path)[cls], devices))
             if shown is not None:
                 say(f"granted {env['HOLD_DEVICES']} (lease {lease})")
             return Granted(lease, float(msg["expires"]), devices)
@@ -569,6 +587,21 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
             used = f", {mem / 2**30:.1f} GiB on the device" if mem else ""
             parts.append(f"{cls}:{b['index']} held OUTSIDE any lease by pid {h['pid']} (user "
                          f"{h['user']}: {h['command'][:60]}{used})")  # fmt: skip
+    elsewhere = note.get("elsewhere") or []
+    assert isinstance(elsewhere, list)
+    for e in elsewhere:
+        if "error" in e:
+            parts.append(f"{cls}:{e['index']} cannot be locked ({e['error']})")
+            continue
+        when = ""
+        if isinstance(e.get("since"), float) and isinstance(e.get("until"), float):
+            began = time.strftime("%H:%M:%S", time.localtime(e["since"]))
+            ends = time.strftime("%H:%M:%S", time.localtime(e["until"]))
+            when = f", since {began}, until {ends}"
+        label = f" {e['label']!r}" if e.get("label") else ""
+        parts.append(f"{cls}:{e['index']} held by user {e.get('user', '?')}'s lease"
+                     f"{label} (pid {e.get('pid', '?')}{when}) through another "
+                     "ticket daemon")  # fmt: skip
     who = "; ".join(parts) or f"{cls} is being freed"
     if busy:
         return f"{cls} is taken: {who}"

@@ -21,6 +21,9 @@ class Want(Protocol):
     @property
     def indices(self) -> tuple[int, ...] | None: ...
 
+    @property
+    def allowed(self) -> frozenset[int] | None: ...
+
 
 def plan(free: Iterable[int], queue: Sequence[Want]) -> list[tuple[int, list[int]]]:
     """``[(position in queue, devices granted)]`` for the requests that can go now."""
@@ -33,10 +36,13 @@ def plan(free: Iterable[int], queue: Sequence[Want]) -> list[tuple[int, list[int
                 grants.append((pos, want))
             avail = [i for i in avail if i not in want]  # granted, or reserved
         else:
-            take = avail[: req.count]
+            # Only devices the client can use (inside an allocation): the rest
+            # stays for those behind it.
+            usable = [i for i in avail if req.allowed is None or i in req.allowed]
+            take = usable[: req.count]
             if len(take) == req.count:
                 grants.append((pos, take))
-            avail = avail[len(take) :]  # granted, or reserved
+            avail = [i for i in avail if i not in take]  # granted, or reserved
         if not avail:
             break
     return grants

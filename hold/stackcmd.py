@@ -85,14 +85,18 @@ def run_dir_of(sd: StateDir, name: str) -> str:
     """The stack's directory; :class:`BadValue` for a name that is not one."""
     from supervisor.stackctl import check_stack_name
 
-    return os.path.join(sd.path, "stacks", check_stack_name(name))
+    return os.path.join(sd.stacks(), check_stack_name(name))
 
 
 def _open_sd() -> StateDir:
     from hold.statedir import open_state_dir
 
     sd = open_state_dir()
-    os.makedirs(os.path.join(sd.path, "stacks"), mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(sd.stacks(), mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise BadValue("stack directory", sd.stacks(), f"a directory you may write "
+                       f"({e.strerror})") from None  # fmt: skip
     return sd
 
 
@@ -427,7 +431,7 @@ def _running_stacks() -> list[dict[str, Any]]:
     from supervisor.stackctl import request
 
     sd = _open_sd()
-    base = os.path.join(sd.path, "stacks")
+    base = sd.stacks()
     out = []
     for name in sorted(os.listdir(base)):
         try:

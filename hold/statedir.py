@@ -1,14 +1,18 @@
 """The state directory: where the daemon's socket, state, tokens and log live.
 
-``HOLD_STATE_DIR``, else ``/run/hold`` for root, else ``$XDG_RUNTIME_DIR/hold``.
-Created 0700 (0755 when shared with other users by configuration). Refused if
-it is a symlink, or owned by anyone but this user or root: a directory another
-user controls could hand us their socket or swap our token files.
+``HOLD_STATE_DIR``, else the system daemon's ``/run/hold`` when one serves
+there (or the caller is root), else ``$XDG_RUNTIME_DIR/hold`` for a user's
+own daemon -- which still excludes every other arbiter on the machine
+through the kernel locks of :mod:`hold.devlock`. Created 0700 (0755 for the
+shared system daemon). Refused if it is a symlink, or owned by anyone but
+this user or root: a directory another user controls could hand us their
+socket or swap our token files.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import stat
 
 from supervisor.parse import BadValue
@@ -47,13 +51,46 @@ class StateDir:
     def token(self, cls: str, index: int) -> str:
         return os.path.join(self.path, f"{cls}-{index}.token")
 
+    def stacks(self, environ: os._Environ[str] | dict[str, str] = os.environ) -> str:
+        """Where this user's stacks keep their sockets and logs.
+
+        Inside the state directory when it is ours; a user of the shared
+        system daemon (whose directory only root may write) keeps them in
+        ``$XDG_RUNTIME_DIR/hold/stacks``.
+        """
+        if os.access(self.path, os.W_OK):
+            return os.path.join(self.path, "stacks")
+        runtime = environ.get("XDG_RUNTIME_DIR")
+        if not runtime:
+            raise BadValue(
+                "stack directory", os.path.join(self.path, "stacks"),
+                "a directory you may write: set XDG_RUNTIME_DIR (the state directory "
+                f"{self.path} is the system daemon's, writable by root only)",
+            )  # fmt: skip
+        return os.path.join(runtime, "hold", "stacks")
+
+
+SYSTEM_DIR = "/run/hold"
+
+
+def system_serves() -> bool:
+    """Does the machine's system daemon answer on its well-known socket?"""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(os.path.join(SYSTEM_DIR, "daemon.sock"))
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
 
 def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> str:
     explicit = environ.get("HOLD_STATE_DIR")
     if explicit:
         return explicit
-    if os.geteuid() == 0:
-        return "/run/hold"
+    if os.geteuid() == 0 or system_serves():
+        return SYSTEM_DIR
     runtime = environ.get("XDG_RUNTIME_DIR")
     if not runtime:
         raise BadValue(

@@ -13,6 +13,11 @@ from hold.schedule import plan
 class Req(NamedTuple):
     count: int = 1
     indices: tuple[int, ...] | None = None
+    allowed: frozenset[int] | None = None
+
+
+def only(count: int, *usable: int) -> Req:
+    return Req(count=count, allowed=frozenset(usable))
 
 
 def n(count: int) -> Req:
@@ -49,6 +54,10 @@ def at(*indices: int) -> Req:
         # ...but a later request for a device no earlier one can use goes ahead.
         ([1], [at(0), at(1)], [(1, [1])]),
         ([1], [at(0), n(1)], [(1, [1])]),
+        # Inside an allocation only the usable devices are taken or reserved.
+        ([0, 1, 2], [only(1, 2), n(1)], [(0, [2]), (1, [0])]),
+        ([0, 1], [only(2, 1, 2), n(1)], [(1, [0])]),
+        ([0, 1], [only(1, 3), n(1)], [(1, [0])]),
         # A pair that cannot be served blocks everything behind it.
         ([2], [n(2), at(2)], []),
     ],
