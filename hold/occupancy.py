@@ -4,8 +4,16 @@ Nobody is handed a device that is not empty. Before a grant, the device's own
 nodes are scanned (not the class's shared control nodes, which every user of
 the class opens); a process holding one is outside any lease, since the device
 is not leased, and the grant waits for it. At the end of a lease, a process
-still holding the lease's devices is a survivor of that lease: its tree is
-stopped before the next grant.
+that started during the lease and still holds one of its device nodes used
+the device without a ticket (or is a survivor of the lease that escaped its
+tree): its tree is stopped before the next grant, whoever's it is (within
+what the lease's user could signal), and the stop says who it was.
+
+This is the one place where holding something makes a process a target.
+``supervisor.stop`` never signals a non-member for holding a tree's regular
+file or port (anyone may open a file the moment a tree has it open); a
+*device node* of a lease is different, because using it without the lease
+breaks "one holder at a time".
 
 Both run in the daemon's worker threads: a scan of a large machine takes a
 good fraction of a second and must not stall the event loop.
@@ -57,6 +65,26 @@ def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict
     }  # fmt: skip
 
 
+class LeftoverStop(StopReport):
+    """The stop of one device holder at a lease's end, and who that holder was.
+
+    A :class:`StopReport` (so it logs and counts like any other) with
+    ``holder``: the scan's description of the process it was started for --
+    ``pid``, ``starttime``, ``uid``, ``user``, ``command``, ``node``,
+    ``memory_bytes`` -- plus ``device`` (the index in its class) and
+    ``class``. The daemon logs it: a process that used a leased device
+    without the ticket was stopped, and this says whose it was.
+    """
+
+    __slots__ = ("holder",)
+
+    def __init__(self, report: StopReport, holder: dict[str, Any]) -> None:
+        super().__init__(report.tree_id, report.signal, report.method)
+        for name in StopReport.__slots__:
+            setattr(self, name, getattr(report, name))
+        self.holder = holder
+
+
 def stop_leftovers(
     cls: DeviceClass, devices: list[int], *, uid: int | None, grace: float, granted: float
 ) -> tuple[list[StopReport], dict[int, list[dict[str, Any]]]]:
@@ -66,10 +94,13 @@ def stop_leftovers(
     its leftovers: an older one (granted past with ``busy_devices: warn``) was
     never the lease's to stop. ``uid``: stop only what that user could have
     stopped (a daemon running as root ending another user's lease).
+
+    Each report is a :class:`LeftoverStop`, naming the holder (pid, user,
+    command, node, device) it was made for.
     """
     since = procscan.ticks_at(granted) - 2  # ticks of slack for rounding
     reports: list[StopReport] = []
-    for holders in holders_of(cls, devices).values():
+    for index, holders in holders_of(cls, devices).items():
         for h in holders:
             st = procscan.stat_of(h["pid"])
             if st is None or st.starttime != h["starttime"] or st.is_dead or h["pid"] == 1:
@@ -84,5 +115,6 @@ def stop_leftovers(
                 st.session if st.session == h["pid"] else None,
                 uid=uid,
             )  # fmt: skip
-            reports.append(stop_tree(tree, grace=grace))
+            report = stop_tree(tree, grace=grace)
+            reports.append(LeftoverStop(report, {**h, "class": cls.name, "device": index}))
     return reports, holders_of(cls, devices)

@@ -11,15 +11,26 @@
    until a walk finds nobody new (a frozen process cannot fork), then SIGKILL.
 4. **Survivor check**: look again by every means -- membership as in
    :mod:`supervisor.tree`, plus any process that started after the tree and
-   still holds one of its nodes or listens on one of its ports. Survivors are
-   killed again; those that still live make the report a failure.
+   still holds one of its nodes or listens on one of its ports. Members
+   found are killed again; those that still live make the report a failure.
 
-"Stopped" means the survivor check came back empty.
+The survivor check signals only **members** (cgroup leaf, root, group or
+session, descent, adoption, the marker). A process found *only* because it
+holds one of the tree's files or nodes, or listens on one of its ports, is
+not provably the tree's: anyone may open the same regular file or bind the
+port the moment the tree let go of it. Such a process is reported
+(``holders_after``: pid, user, what it holds, command) and never signalled,
+and it does not make the stop fail. Deciding that a holder of a *device*
+must go (it used a leased device without a ticket) is the ticket daemon's
+business, not this module's: see ``hold.occupancy.stop_leftovers``.
+
+"Stopped" means the survivor check found no member alive.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import select
 import signal
 import time
@@ -47,13 +58,32 @@ class Survivor(NamedTuple):
     found_by: str
 
 
+class Holder(NamedTuple):
+    """A process outside the tree that holds what the tree held: reported, never signalled.
+
+    ``holds`` says what (``holds PATH``, ``listens on tcp/PORT``). ``pid`` is
+    None for a port still listening whose owner this process may not inspect
+    (``uid`` None and ``user``/``command`` ``"?"`` then).
+    """
+
+    pid: int | None
+    uid: int | None
+    user: str
+    holds: str
+    command: str
+
+
 class StopReport:
     """What a stop did and what it proved.
 
     ``outcome``: ``"empty"`` (nothing was running), ``"exited"`` (all left
     within the grace after the polite signal), ``"killed"`` (the grace ran out
-    and the rest was killed). ``survivors`` lists what the final check still
-    found; the stop succeeded only when it is empty.
+    and the rest was killed). ``survivors`` lists the members the final check
+    still found; the stop succeeded only when it is empty. ``holders_after``
+    lists processes that are not members but, at the final check, hold one
+    of the tree's files or nodes or listen on one of its ports: they are
+    someone else's as far as can be proved, so they were not signalled and
+    do not make the stop fail (a caller may still want to say so).
     """
 
     __slots__ = (
@@ -61,6 +91,7 @@ class StopReport:
         "escalated",
         "grace_used",
         "held",
+        "holders_after",
         "killed",
         "method",
         "outcome",
@@ -82,6 +113,7 @@ class StopReport:
         self.grace_used = 0.0
         self.duration = 0.0
         self.held: list[str] = []  # nodes and ports checked afterwards
+        self.holders_after: list[Holder] = []  # not members: reported, never signalled
 
     @property
     def ok(self) -> bool:
@@ -98,9 +130,18 @@ class StopReport:
                 f"{s.pid} ({s.found_by})" for s in self.escalated
             )
         if not self.survivors:
-            return head + "; survivor check empty"
-        lines = [head + f"; {len(self.survivors)} SURVIVED:"]
-        lines += [f"  pid {s.pid} ({s.found_by}): {s.command}" for s in self.survivors]
+            lines = [head + "; survivor check empty"]
+        else:
+            lines = [head + f"; {len(self.survivors)} SURVIVED:"]
+            lines += [f"  pid {s.pid} ({s.found_by}): {s.command}" for s in self.survivors]
+        if self.holders_after:
+            lines.append(
+                f"  {len(self.holders_after)} process(es) outside the tree hold what it held"
+                " (not members: reported, not signalled):"
+            )
+            for h in self.holders_after:
+                pid = "?" if h.pid is None else h.pid
+                lines.append(f"  pid {pid} (user {h.user}) {h.holds}: {h.command}")
         return "\n".join(lines)
 
 
@@ -229,9 +270,12 @@ def stop_tree(
 ) -> StopReport:
     """Stop every process of ``tree`` and check that nothing survived.
 
-    ``watch`` names nodes (e.g. device nodes the tree was given) that nobody
-    started after the tree may hold once it is stopped, in addition to those
-    its members are seen holding at the start of the stop.
+    ``watch`` names nodes (e.g. device nodes the tree was given) that the
+    survivor check looks for, in addition to those its members are seen
+    holding at the start of the stop: a member still holding one is a
+    survivor (found by membership anyway); anyone else started after the
+    tree who holds one is listed in ``holders_after`` and left alone, as for
+    every other file and port (see the module's docstring).
     """
     t0 = time.monotonic()
     report = StopReport(
@@ -247,7 +291,7 @@ def stop_tree(
         # 0-2 are what we gave the root (a terminal, our pipes, a log), and
         # what its descendants inherited from it: a log file that unrelated
         # processes also write to (two commands appending to one build log)
-        # is not the tree's, and must not make them "holders" to be killed.
+        # is not the tree's, and must not make them "holders" in the report.
         # Descriptors only, not mappings: reading every member's maps is most
         # of a large tree's stop, and a device kept only as a mapping is what
         # ``watch`` (the nodes a tree was given) and the daemon's device scan
@@ -290,20 +334,21 @@ def stop_tree(
             report.killed = [m for m in frozen.values() if _signal(m.ident, signal.SIGKILL)]
             _wait_gone((m.ident for m in frozen.values()), _KILL_WAIT)
 
-    # 4. Survivor check, escalated once. What the escalation killed is in the
-    # report too ("escalated"): the tree did not stop as it should have.
-    survivors = _survivors(tree, nodes, ports)
+    # 4. Survivor check, escalated once, and only ever at members. What the
+    # escalation killed is in the report too ("escalated"): the tree did not
+    # stop as it should have.
+    survivors, _ = _survivors(tree, nodes, ports)
     if survivors:
         for ident, why in survivors.items():
-            if ident.pid > 0 and _signal(ident, signal.SIGKILL):
+            if _signal(ident, signal.SIGKILL):
                 report.escalated.append(Survivor(ident.pid, _cmdline(ident.pid), why))
         if tree.leaf is not None and tree.uid is None:
             tree.leaf.kill()
-        _wait_gone((i for i in survivors if i.pid > 0), _KILL_WAIT)
-        survivors = _survivors(tree, nodes, ports)
-    report.survivors = [
-        Survivor(i.pid, _cmdline(i.pid) if i.pid > 0 else "?", why) for i, why in survivors.items()
-    ]
+        _wait_gone(survivors, _KILL_WAIT)
+    # The last look is the one reported (holders too: one may have closed
+    # the file meanwhile, or a killed member's file is now someone else's).
+    survivors, report.holders_after = _survivors(tree, nodes, ports)
+    report.survivors = [Survivor(i.pid, _cmdline(i.pid), why) for i, why in survivors.items()]
     if tree.adopts_orphans:
         reap_adopted(tree.owned)
     report.duration = time.monotonic() - t0
@@ -314,42 +359,85 @@ def _survivors(
     tree: Tree,
     nodes: dict[tuple[int, int], procscan.Node],
     ports: set[tuple[str, int]],
-) -> dict[ProcessId, str]:
+) -> tuple[dict[ProcessId, str], list[Holder]]:
+    """(members still alive -> how found, non-members holding what the tree held).
+
+    Only members are ever signalled (by the caller). A non-member is listed
+    as a holder when it started at or after the tree's root (an older
+    process that holds the same file was plainly somebody else's all along)
+    and holds one of ``nodes`` or listens on one of ``ports``.
+    """
     found = tree.members() if tree.contained else None
     if found is not None and not nodes and not ports:
         # A contained tree that held no file or port: the leaf says it all.
-        return {m.ident: "+".join(m.found_by) for m in found.values()}
+        return {m.ident: "+".join(m.found_by) for m in found.values()}, []
     procs = procscan.snapshot()
     if found is None:
         found = tree.members(procs)
     out: dict[ProcessId, str] = {m.ident: "+".join(m.found_by) for m in found.values()}
+    holders: list[Holder] = []
     protected = tree.protected(procs)
-    # Only a process started at or after the tree's root can be its escapee;
-    # an older one that holds the same file is somebody else's.
     younger = [
         st.pid
         for st in procs.values()
-        if st.starttime >= tree.since and not st.is_dead and st.pid not in protected
+        if st.starttime >= tree.since
+        and not st.is_dead
+        and st.pid not in protected
+        and st.pid not in found
     ]
-    for pid, node in procscan.holders_of(set(nodes), younger).items():
-        ident = ProcessId(pid, procs[pid].starttime)
-        out.setdefault(ident, f"holds {node.path}")
+    for pid, node in sorted(procscan.holders_of(set(nodes), younger).items()):
+        holders.append(_holder(pid, f"holds {node.path}"))
     if ports:
         listening = procscan.listeners()
         still = {i: ln for i, ln in listening.items() if (ln.proto, ln.port) in ports}
-        owners = procscan.socket_owners(set(still), younger)
-        for inode, pid in owners.items():
-            ident = ProcessId(pid, procs[pid].starttime)
-            out.setdefault(ident, f"listens on {still[inode].proto}/{still[inode].port}")
-        unnamed = set(still) - set(owners) - set(procscan.socket_owners(set(still), protected))
-        for inode in unnamed:
-            # Still listening, and the owner is a process we may not inspect
-            # (another user's): the port is not free, so this fails the check
-            # even though we cannot name who. A negative pid marks it.
-            ln = still[inode]
-            why = f"{ln.proto}/{ln.port} still listening, owner not inspectable"
-            out.setdefault(ProcessId(-inode, 0), why)
-    return out
+        if still:
+            owners = procscan.socket_owners(set(still), younger)
+            for inode, pid in sorted(owners.items(), key=lambda kv: kv[1]):
+                ln = still[inode]
+                holders.append(_holder(pid, f"listens on {ln.proto}/{ln.port}"))
+            # Who owns the rest? Members (already survivors), ourselves, an
+            # older process -- or nobody this process may inspect (another
+            # user's, seen by a caller without the right to read its
+            # descriptors). Only the last kind is listed, without a pid. It is
+            # not a failure either: a member is found by membership, which
+            # needs no look at descriptors, so an owner we cannot see is
+            # someone else's as far as can be proved -- and an unrelated user
+            # binding a port the tree let go of must not turn our stop into a
+            # failure. The port is named, since it is not free.
+            rest = set(still) - set(owners)
+            if rest:
+                rest -= set(procscan.socket_owners(rest, list(procs)))
+            for inode in sorted(rest):
+                ln = still[inode]
+                holders.append(
+                    Holder(None, None, "?", f"{ln.proto}/{ln.port} still listening", "?")
+                )
+    return out, holders
+
+
+def _holder(pid: int, holds: str) -> Holder:
+    uid = _real_uid(pid)
+    return Holder(pid, uid, _user_name(uid), holds, _cmdline(pid))
+
+
+def _real_uid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _user_name(uid: int | None) -> str:
+    if uid is None:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _cmdline(pid: int) -> str:

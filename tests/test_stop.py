@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
+import pwd
 import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -23,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PROGS, alive, wait_for
+from conftest import PROGS, alive, as_user, unpriv_python, wait_for
 
 from supervisor.cgroup import Hierarchy, Leaf
 from supervisor.environ import minimal_env
@@ -395,28 +398,49 @@ def test_nothing_running_is_empty(start: Callable[..., Started]) -> None:
 # The survivor check, and what it must leave alone.
 
 
-def test_survivor_check_finds_a_later_holder_of_the_trees_file(
-    start: Callable[..., Started], cgroup_mode: str
-) -> None:
-    """A process outside every membership (own session, other marker, not in
-    the leaf, not adopted) that started after the tree and holds its device
-    file is found by the survivor check and ended."""
-    s = start("nasty_tree.py", "--forkers", "1")
-    ids = s.wait_ready({"main": 1, "child": 1, "forker": 1, "escapee": 1})
+def _spawn_until(
+    argv: list[str], env: dict[str, str], what: str, cgroup: Leaf | None = None
+) -> Child:
+    """Spawn ``argv`` (its own session) and wait, with a deadline, for it to print "holding"."""
     r, w = os.pipe()
+    child = spawn(argv, env=env, stdout=w, cgroup=cgroup)
     try:
-        holder = spawn(
-            ["sh", "-c", 'exec 7<"$0"; echo holding; exec sleep 30', str(s.device)],
-            env=minimal_env(os.environ, tree_id="unrelated-" + s.tree_id),
-            stdout=w,
-        )
         os.close(w)
         w = -1
-        assert select.select([r], [], [], 10)[0] and os.read(r, 100) == b"holding\n"
+        ready = select.select([r], [], [], 20)[0]
+        line = os.read(r, 100) if ready else b""
+        assert line == b"holding\n", f"{what} did not start: {line!r}"
+    except BaseException:
+        _kill(child)
+        raise
     finally:
         os.close(r)
         if w >= 0:
             os.close(w)
+    return child
+
+
+def _kill(child: Child) -> None:
+    if child.poll() is None:
+        with contextlib.suppress(NoSuchProcess):
+            child.send_signal(signal.SIGKILL)
+        _wait(child)
+
+
+def test_survivor_check_reports_a_later_holder_of_the_trees_file(
+    start: Callable[..., Started], cgroup_mode: str
+) -> None:
+    """A process outside every membership (own session, another tree's marker,
+    not in the leaf, not adopted) that started after the tree and holds its
+    file is found by the survivor check -- and reported, never signalled:
+    holding the same file proves nothing about whose it is."""
+    s = start("nasty_tree.py", "--forkers", "1")
+    ids = s.wait_ready({"main": 1, "child": 1, "forker": 1, "escapee": 1})
+    holder = _spawn_until(
+        ["sh", "-c", 'exec 7<"$0"; echo holding; exec sleep 30', str(s.device)],
+        minimal_env(os.environ, tree_id="unrelated-" + s.tree_id),
+        "the holder",
+    )
     try:
         s.tree.owned = owned_pids()
         assert holder.pid not in s.tree.members()
@@ -424,13 +448,140 @@ def test_survivor_check_finds_a_later_holder_of_the_trees_file(
 
         report = s.stop(grace=0.3)
 
-        assert _wait(holder) == -signal.SIGKILL
-        _assert_all_gone(s, ids, s.port)
-        assert report.ok, report.summary()
+        assert holder.poll() is None and holder.ident.is_running(), report.summary()
+        for role, idents in ids.items():
+            for ident in idents:
+                assert not ident.is_running(), f"{role} {ident} still runs"
+        assert _marked(s.tree_id) == [] and _holders(s.device) == [holder.pid]
+        assert report.ok and report.survivors == [] and report.escalated == [], report.summary()
+        (h,) = [h for h in report.holders_after if h.pid == holder.pid]
+        assert h.holds == f"holds {os.path.realpath(s.device)}" and h.user == "root", h
+        assert h.uid == os.getuid() and "sleep 30" in h.command, h
+        assert f"pid {holder.pid} (user root) holds " in report.summary()
     finally:
-        if holder.poll() is None:
-            holder.send_signal(signal.SIGKILL)
-            _wait(holder)
+        _kill(holder)
+
+
+# The other user's process: holds the file open and listens on the tree's
+# port number (on 127.0.0.2, so both can listen at once) until killed.
+_OTHER = (
+    "import socket, sys, time\n"
+    "f = open(sys.argv[1], 'rb')\n"
+    "s = socket.socket()\n"
+    "s.bind(('127.0.0.2', int(sys.argv[2])))\n"
+    "s.listen()\n"
+    "print('holding', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_another_users_process_on_the_trees_file_and_port_is_left_alone(
+    start: Callable[..., Started], cgroup_mode: str, unpriv_user: str, unpriv_runtime: Path
+) -> None:
+    """Issue 9: a root tree opened a regular file; a process of another user
+    that opened the same file a moment later was SIGKILLed by the survivor
+    check. It is not a member: it must be alive after the stop, and reported
+    by pid, user and what it holds -- the tree's own processes all gone."""
+    s = start("nasty_tree.py", "--forkers", "1")
+    ids = s.wait_ready({"main": 1, "child": 1, "forker": 1, "escapee": 1})
+    port = s.port
+    for p in [s.dir, *s.dir.parents]:
+        if p == Path("/"):
+            break
+        os.chmod(p, os.stat(p).st_mode | 0o055)
+    os.chmod(s.device, 0o644)
+    argv = as_user(unpriv_user, [unpriv_python(), "-c", _OTHER, str(s.device), str(port)],
+                   unpriv_runtime, {})  # fmt: skip
+    other = _spawn_until(
+        argv, minimal_env(os.environ, tree_id="other-" + s.tree_id), f"{unpriv_user}'s process"
+    )
+    try:
+        assert other.ident.starttime > s.child.ident.starttime  # started after the tree
+        s.tree.owned = owned_pids()
+        assert other.pid not in s.tree.members()
+        assert sorted(_holders(s.device)) == sorted([ids["escapee"][0].pid, other.pid])
+        assert len(_tcp_listeners(port)) == 2
+
+        report = s.stop(grace=0.3)
+
+        # The other user's process: untouched, and named.
+        assert other.poll() is None and other.ident.is_running(), report.summary()
+        mine = {h.holds: h for h in report.holders_after if h.pid == other.pid}
+        assert set(mine) == {f"holds {os.path.realpath(s.device)}", f"listens on tcp/{port}"}, (
+            report.summary()
+        )
+        for h in mine.values():
+            assert h.user == unpriv_user and h.uid == pwd.getpwnam(unpriv_user).pw_uid, h
+            assert "time.sleep(600)" in h.command, h
+        assert f"pid {other.pid} (user {unpriv_user}) listens on tcp/{port}" in report.summary()
+        assert report.escalated == [] and report.survivors == [] and report.ok, report.summary()
+        # The tree: all gone, including the escapee that held both.
+        for role, idents in ids.items():
+            for ident in idents:
+                assert not ident.is_running(), f"{role} {ident} still runs"
+        assert _marked(s.tree_id) == []
+        assert _holders(s.device) == [other.pid]
+        assert len(_tcp_listeners(port)) == 1 and _port_is_free(port)  # 127.0.0.1's is gone
+        if s.leaf is not None:
+            assert not s.leaf.populated()
+        assert _wait(s.child) == -signal.SIGKILL
+    finally:
+        _kill(other)
+
+
+def test_a_member_found_only_by_the_survivor_check_is_still_killed(
+    start: Callable[..., Started], cgroup_mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member that appears between the kill and the survivor check (here:
+    started just before the check runs, holding the tree's file) is escalated
+    as before: found by membership -- the marker without a leaf, the leaf with
+    one -- not merely by what it holds. A non-member holding the same file
+    at the same moment is not."""
+    s = start("nasty_tree.py", "--forkers", "1")
+    ids = s.wait_ready({"main": 1, "child": 1, "forker": 1, "escapee": 1})
+    import supervisor.stop as stop_mod
+
+    late: list[Child] = []
+    real = stop_mod._survivors
+    hold_it = ["sh", "-c", 'exec 7<"$0"; echo holding; exec sleep 30', str(s.device)]
+
+    def before_the_check(*args: object, **kwargs: object) -> object:
+        if not late:
+            # A member (marked; in the leaf if there is one) and a bystander.
+            env = minimal_env(os.environ, tree_id=s.tree_id)
+            late.append(_spawn_until(hold_it, env, "the late member", cgroup=s.leaf))
+            env = minimal_env(os.environ, tree_id="unrelated-" + s.tree_id)
+            late.append(_spawn_until(hold_it, env, "the bystander"))
+            s.tree.owned = owned_pids()  # neither is an orphan of the tree
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stop_mod, "_survivors", before_the_check)
+    try:
+        report = s.stop(grace=0.3)
+        assert len(late) == 2
+        member, bystander = late
+        assert member.pid not in {m.pid for m in report.stopped}  # not seen before the check
+        assert _wait(member) == -signal.SIGKILL, report.summary()
+        (e,) = report.escalated
+        assert e.pid == member.pid, report.summary()
+        assert e.found_by == ("cgroup" if cgroup_mode == "cgroup" else "marker"), e
+        assert bystander.poll() is None, report.summary()
+        assert [h.pid for h in report.holders_after] == [bystander.pid], report.summary()
+        assert report.ok and report.survivors == [], report.summary()
+        _assert_all_gone_but(s, ids, bystander.pid)
+    finally:
+        for c in late:
+            _kill(c)
+
+
+def _assert_all_gone_but(s: Started, idents: dict[str, list[ProcessId]], other: int) -> None:
+    for role, ids in idents.items():
+        for ident in ids:
+            assert not ident.is_running(), f"{role} {ident} still runs"
+    assert _marked(s.tree_id) == []
+    assert _holders(s.device) == [other]
+    if s.leaf is not None:
+        assert not s.leaf.populated()
 
 
 def test_unrelated_writer_of_the_same_log_is_left_alone(
@@ -483,3 +634,101 @@ def test_unrelated_writer_of_the_same_log_is_left_alone(
             leaf.kill()
             leaf.wait_empty(5.0)
             leaf.remove(hier.base)
+
+
+# Run as an unprivileged user: starts a tree that listens on 127.0.0.1 (port
+# printed), waits for a line on stdin, stops the tree, prints the report.
+_STOPPER = """
+import json, os, select, sys
+from supervisor.environ import minimal_env
+from supervisor.spawn import spawn
+from supervisor.stop import stop_tree
+from supervisor.tree import Tree
+
+LISTEN = (
+    "import socket, time\\n"
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\\n"
+    "print(s.getsockname()[1], flush=True)\\n"
+    "time.sleep(600)\\n"
+)
+r, w = os.pipe()
+child = spawn([sys.executable, "-c", LISTEN], env=minimal_env(os.environ, tree_id="t-unpriv"),
+              stdout=w)
+os.close(w)
+try:
+    assert select.select([r], [], [], 20)[0], "the tree did not start"
+    port = int(os.read(r, 100))
+    print(json.dumps({"port": port, "root": child.pid}), flush=True)
+    sys.stdin.readline()
+    tree = Tree("t-unpriv", child.ident, child.pid, child.pid)
+    rep = stop_tree(tree, grace=5.0)
+    print(json.dumps({
+        "ok": rep.ok, "outcome": rep.outcome, "held": rep.held,
+        "survivors": [s._asdict() for s in rep.survivors],
+        "escalated": [s._asdict() for s in rep.escalated],
+        "holders": [h._asdict() for h in rep.holders_after],
+        "summary": rep.summary(),
+    }), flush=True)
+finally:
+    if child.poll() is None:
+        child.send_signal(9)
+    child.collect(5.0)
+"""
+
+
+def _line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    ready = select.select([proc.stdout], [], [], timeout)[0]
+    return proc.stdout.readline() if ready else ""
+
+
+def test_a_port_kept_by_an_owner_it_may_not_inspect_is_reported_not_failed(
+    unpriv_user: str, other_user: str, unpriv_runtime: Path
+) -> None:
+    """The stopper (an unprivileged user) finds the tree's port still listening
+    after the stop, held by a process of another user whose descriptors it may
+    not read. A member would have been found by membership, which needs no
+    look at descriptors; so this owner is not provably the tree's: reported
+    (the port, no pid), and the stop is not a failure."""
+    py = unpriv_python()
+    stopper = subprocess.Popen(
+        as_user(unpriv_user, [py, "-c", _STOPPER], unpriv_runtime, {}),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    other: Child | None = None
+    try:
+        first = _line(stopper, 30)
+        if not first:
+            pytest.fail(f"the stopper did not start (exit {stopper.poll()})")
+        started = json.loads(first)
+        port, root = started["port"], started["root"]
+        argv = as_user(other_user, [py, "-c", _OTHER, "/dev/null", str(port)], unpriv_runtime, {})
+        other = _spawn_until(argv, minimal_env(os.environ, tree_id="other"), other_user)
+        assert len(_tcp_listeners(port)) == 2
+
+        assert stopper.stdin is not None
+        stopper.stdin.write("go\n")
+        stopper.stdin.flush()
+        report = json.loads(_line(stopper, 30) or "null")
+
+        assert report is not None, "no report from the stopper"
+        assert other.poll() is None and other.ident.is_running(), report["summary"]
+        assert not alive(root), report["summary"]
+        assert f"tcp/{port}" in report["held"], report
+        assert report["holders"] == [
+            {"pid": None, "uid": None, "user": "?", "holds": f"tcp/{port} still listening",
+             "command": "?"}
+        ], report["summary"]  # fmt: skip
+        assert f"pid ? (user ?) tcp/{port} still listening" in report["summary"]
+        assert report["ok"] and report["survivors"] == [] and report["escalated"] == [], report
+        assert report["outcome"] == "exited", report["summary"]
+        assert stopper.wait(timeout=20) == 0
+    finally:
+        if other is not None:
+            _kill(other)
+        if stopper.poll() is None:
+            stopper.kill()
+        stopper.wait(timeout=20)
+        for f in (stopper.stdin, stopper.stdout):
+            if f is not None:
+                f.close()
