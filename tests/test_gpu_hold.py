@@ -1,0 +1,180 @@
+"""``gpu-hold`` against real NVIDIA GPUs: skipped where there is none (CI).
+
+- Inside ``gpu-hold``, ``CUDA_VISIBLE_DEVICES`` is the leased node's UUID
+  (from NVML, by the node's minor number) and torch's device 0 is that GPU.
+- A CUDA process outside any lease keeps ``gpu-hold`` off its GPU and is named.
+- ``--no-wait`` on a free GPU is granted.
+
+The class is the GPU nodes alone (``/dev/nvidia[0-9]*``), so that the leased
+device is an NVIDIA node whatever else (``/dev/dri``) the machine has.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import HOLD, PROGS
+
+pytestmark = [
+    pytest.mark.skipif(not glob.glob("/dev/nvidia0"), reason="no NVIDIA GPU on this machine"),
+    pytest.mark.real_devices,
+]
+
+CONFIG = """\
+cgroups: auto
+devices:
+  gpu:
+    nodes: ["/dev/nvidia[0-9]*"]
+    shared_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    visible_env: [CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES]
+"""
+PASS = ["--pass-env", "LD_LIBRARY_PATH", "--pass-env", "CUDA_HOME"]
+INSIDE = """\
+import json, os, torch
+env = {k: os.environ.get(k) for k in
+       ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HOLD_DEVICES", "HOLD_LEASE")}
+p = torch.cuda.get_device_properties(0)
+print(json.dumps({"env": env, "count": torch.cuda.device_count(),
+                  "uuid0": "GPU-" + str(p.uuid), "name0": p.name}))
+"""
+
+
+@pytest.fixture
+def gpu_class(isolated_hold: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """This test's configuration: ``gpu`` over the machine's GPU nodes; those nodes."""
+    path = isolated_hold / "gpu-config.yaml"
+    path.write_text(CONFIG)
+    monkeypatch.setenv("HOLD_CONFIG", str(path))
+    from hold.devices import DeviceClass
+
+    return DeviceClass("gpu", ("/dev/nvidia[0-9]*",)).device_nodes()
+
+
+def torch_python() -> str:
+    for cand in (sys.executable, "/opt/torch/.venv/bin/python3", "python3"):
+        ok = subprocess.run([cand, "-c", "import torch; assert torch.cuda.is_available()"],
+                            capture_output=True)  # fmt: skip
+        if ok.returncode == 0:
+            return cand
+    pytest.skip("no Python with a CUDA-enabled torch here")
+
+
+def uuid_by_minor() -> dict[int, str]:
+    """Minor number -> UUID, straight from NVML."""
+    pynvml = pytest.importorskip("pynvml")
+    pynvml.nvmlInit()
+    try:
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            dev = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(dev)
+            out[int(pynvml.nvmlDeviceGetMinorNumber(dev))] = (
+                uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            )
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def hold_run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*HOLD, "run", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def start_hog(py: str, uuid: str) -> tuple[subprocess.Popen[str], int]:
+    """A CUDA process outside any lease holding 256 MiB on the GPU ``uuid``."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    p = subprocess.Popen([py, str(PROGS / "cuda_hog.py"), "256"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    assert p.stdout is not None
+    line = p.stdout.readline()  # bounded by the test timeout; CUDA start-up takes seconds
+    if not line.startswith("ready "):
+        p.kill()
+        p.wait()
+        raise AssertionError(f"the CUDA holder did not start: {line!r}")
+    return p, int(line.split()[1])
+
+
+def stop(p: subprocess.Popen[str]) -> None:
+    assert p.stdin is not None
+    p.stdin.close()
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.timeout(300)
+def test_cuda_visible_devices_is_the_leased_gpus_uuid(
+    gpu_class: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hold.gpuids import nvidia_minor
+
+    py = torch_python()
+    uuids = uuid_by_minor()
+    # The last GPU: on a machine of several, not the one CUDA counts first anyway.
+    index = len(gpu_class) - 1
+    res = hold_run("--device", f"gpu:{index}", "-l", "uuid-test", *PASS, "--",
+                   py, "-c", INSIDE)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    with capsys.disabled():
+        print(f"\n{gpu_class[index]} -> {got}")
+    minor = nvidia_minor(gpu_class[index])
+    assert minor is not None
+    assert got["env"]["HOLD_DEVICES"] == f"gpu:{index}"
+    assert got["env"]["CUDA_VISIBLE_DEVICES"] == uuids[minor]
+    assert got["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert got["count"] == 1
+    assert got["uuid0"] == uuids[minor]
+
+
+@pytest.mark.timeout(300)
+def test_cuda_holder_outside_any_lease_blocks_and_is_named(
+    gpu_class: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hold.gpuids import nvidia_minor
+
+    py = torch_python()
+    minor = nvidia_minor(gpu_class[0])
+    assert minor is not None
+    hog, pid = start_hog(py, uuid_by_minor()[minor])
+    try:
+        waited = hold_run("--device", "gpu:0", "--wait-timeout", "3", "--", "true")
+        no_wait = hold_run("--device", "gpu:0", "--no-wait", "--", "true")
+    finally:
+        stop(hog)
+    with capsys.disabled():
+        print(f"\n--wait-timeout 3: exit {waited.returncode}: {waited.stderr.strip()}")
+        print(f"--no-wait: exit {no_wait.returncode}: {no_wait.stderr.strip()}")
+    for res in (waited, no_wait):
+        assert res.returncode == 75, res.stderr
+        assert f"pid {pid}" in res.stderr and "OUTSIDE any lease" in res.stderr, res.stderr
+
+
+@pytest.mark.timeout(300)
+def test_no_wait_on_a_free_gpu_is_granted(
+    gpu_class: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hold.devices import DeviceClass
+    from hold.occupancy import holders_of
+
+    uuid_by_minor()  # NVML there, or skip: the UUID is what is checked
+    cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))
+    free = [i for i in range(len(gpu_class)) if not holders_of(cls, [i]).get(i)]
+    if not free:
+        pytest.skip("every GPU here is held by someone")
+    res = hold_run("--device", f"gpu:{free[0]}", "--no-wait", "--", "sh", "-c",
+                   'echo "$HOLD_DEVICES $CUDA_VISIBLE_DEVICES"')  # fmt: skip
+    with capsys.disabled():
+        print(f"\n--no-wait on gpu:{free[0]}: exit {res.returncode}: "
+              f"{res.stdout.strip()} {res.stderr.strip()}")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"gpu:{free[0]} GPU-")
