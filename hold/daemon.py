@@ -116,7 +116,6 @@ class Request:
         self.allowed: frozenset[int] | None = None  # the devices the client can use
 
 
-
 class Conn:
     """One connected client, identified by the kernel."""
 
@@ -469,7 +468,7 @@ class Daemon:
                        f"(known: {', '.join(sorted(self.classes))})"})  # fmt: skip
             return
         size = self.sizes[cls]
-        indices = _ints(msg, "indices")
+        indices = _ints(msg, "indices") or None
         allowed = _ints(msg, "allowed")
         count = len(indices) if indices else _number(msg, "count", int, 1)
         if count < 1 or count > size or (indices and any(i < 0 or i >= size for i in indices)):
@@ -477,9 +476,7 @@ class Daemon:
                        f"cannot grant {indices or count}"})  # fmt: skip
             return
         usable = None if allowed is None else frozenset(i for i in allowed if 0 <= i < size)
-        if usable is not None and (
-            len(usable) < count or (indices and not set(indices) <= usable)
-        ):
+        if usable is not None and (len(usable) < count or (indices and not set(indices) <= usable)):
             conn.send({"ev": "error", "code": 2, "error": f"only {cls}:"
                        f"{','.join(map(str, sorted(usable))) or '(none)'} can be used from "
                        f"here; cannot grant {indices or count}"})  # fmt: skip
@@ -1311,7 +1308,7 @@ def _number(msg: Message, name: str, kind: type[NumT], default: NumT | None = No
 
 def _ints(msg: Message, name: str) -> tuple[int, ...] | None:
     value = msg.get(name)
-    if value is None or value == []:
+    if value is None:
         return None
     if not isinstance(value, list) or len(value) > 1024:
         raise ValueError(f"{name!r} must be a list of device indices")

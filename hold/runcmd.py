@@ -464,11 +464,19 @@ def acquire_lease(
     Shared by ``hold run``/``npu-hold`` and ``hold up``.
     """
     from hold.client import DaemonUnreachable
+    from hold.config import load
+    from hold.devices import classes_from_config
+    from hold.gpuids import usable_indices, visible_env
 
+    cfg = load()
+    klass = classes_from_config(cfg.devices, cfg.path).get(cls)
+    # Inside an allocation (a Slurm job, a container) only the devices this
+    # caller can use are asked for; the daemon grants from those alone.
+    allowed = usable_indices(klass, os.environ) if klass is not None else None
     ask = {
         "op": "acquire", "cls": cls, "indices": indices, "count": count,
         "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
-        "private": private,
+        "private": private, "allowed": allowed,
     }  # fmt: skip
     client.send(ask)
     start = time.monotonic()
@@ -517,12 +525,8 @@ def acquire_lease(
             env.setdefault("HOLD_STATE_DIR", sd.path)
             if os.environ.get("HOLD_CONFIG"):
                 env.setdefault("HOLD_CONFIG", os.environ["HOLD_CONFIG"])
-            from hold.config import load
-            from hold.devices import classes_from_config
-            from hold.gpuids import visible_env
-
-            cfg = load()
-            env.update(visible_env(classes_from_config(cfg.devices, cfg.path)[cls], devices))
+            if klass is not None:
+                env.update(visible_env(klass, devices))
             if shown is not None:
                 say(f"granted {env['HOLD_DEVICES']} (lease {lease})")
             return Granted(lease, float(msg["expires"]), devices)
@@ -602,7 +606,7 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         parts.append(f"{cls}:{e['index']} held by user {e.get('user', '?')}'s lease"
                      f"{label} (pid {e.get('pid', '?')}{when}) through another "
                      "ticket daemon")  # fmt: skip
-    who = "; ".join(parts) or f"{cls} is being freed"
+    who = "; ".join(parts) or f"{cls} is being checked for the next holder"
     if busy:
         return f"{cls} is taken: {who}"
     pos = note.get("position")

@@ -1,0 +1,438 @@
+"""One machine, two real unprivileged users, the default configuration.
+
+Each user runs ``hold`` as a new user would: no ``HOLD_STATE_DIR``, their own
+``XDG_RUNTIME_DIR``, so each gets a per-user daemon -- and still only one of
+them holds the device at a time, through the machine-wide kernel lock (in
+the real lock directory, ``/run/lock``, named by the test node's identity so
+that nothing else on the machine shares it). Then a system daemon, run in a
+private mount namespace (its own ``/run``, so the machine's is untouched),
+serving both users.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import HOLD, alive, as_user, unpriv_python, wait_for
+
+from hold import devlock
+from hold.devices import node_key
+from hold.statedir import system_serves
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making users needs root")
+
+
+class World:
+    """A directory both users can reach: the device node, the configuration, a
+    work directory, and each user's runtime directory."""
+
+    def __init__(self, base: Path, runtime: Path, py: str, users: tuple[str, str]) -> None:
+        self.base, self.runtime, self.py, self.users = base, runtime, py, users
+        self.work = base / "work"
+        self.config = base / "config.yaml"
+        self.node = base / "dev" / "accel0"
+        self.procs: list[subprocess.Popen[str]] = []
+        self.prefix: list[str] = []  # e.g. nsenter into a mount namespace
+
+    def xdg(self, user: str) -> Path:
+        return self.base / f"xdg-{user}"
+
+    def state(self, user: str) -> Path:
+        return self.xdg(user) / "hold"
+
+    def env(self, user: str) -> dict[str, str]:
+        # Default discovery: no HOLD_STATE_DIR, no HOLD_LOCK_DIR.
+        return {"XDG_RUNTIME_DIR": str(self.xdg(user)), "HOLD_CONFIG": str(self.config)}
+
+    def argv(self, user: str, *args: str) -> list[str]:
+        return [*self.prefix, *as_user(user, [self.py, "-m", "hold", *args], self.runtime,
+                                       self.env(user))]  # fmt: skip
+
+    def start(self, user: str, *args: str, name: str) -> subprocess.Popen[str]:
+        err = open(self.base / f"{name}.err", "w")  # noqa: SIM115
+        try:
+            p = subprocess.Popen(self.argv(user, *args), stdin=subprocess.DEVNULL,
+                                 stdout=err, stderr=err, text=True)  # fmt: skip
+        finally:
+            err.close()
+        self.procs.append(p)
+        return p
+
+    def err(self, name: str) -> str:
+        return (self.base / f"{name}.err").read_text()
+
+    def run(self, user: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(user, *args), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+
+    def gated(self, name: str, *extra: str) -> list[str]:
+        return [self.py, str(self.runtime / "progs" / "gated.py"), str(self.work), name, *extra]
+
+    def ready(self, name: str, timeout: float = 30) -> int:
+        path = self.work / f"{name}.ready"
+        return int(wait_for(lambda: path.exists() and path.read_text(), timeout, what=str(path)))
+
+    def lock_file(self) -> Path:
+        key = node_key(str(self.node))
+        assert key is not None
+        return Path(devlock.lock_path(devlock.LOCK_DIRS[0], key))
+
+    def daemon_pid(self, user: str) -> int | None:
+        try:
+            text = (self.state(user) / "daemon.lock").read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() and alive(int(text)) else None
+
+
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def world(unpriv_user: str, other_user: str, unpriv_runtime: Path) -> Iterator[World]:
+    if system_serves():
+        pytest.skip("a system daemon serves this machine: default discovery would use it")
+    py = unpriv_python()
+    base = Path(tempfile.mkdtemp(prefix="hold-users-", dir="/tmp"))
+    base.chmod(0o755)
+    w = World(base, unpriv_runtime, py, (unpriv_user, other_user))
+    (base / "dev").mkdir(mode=0o755)
+    w.node.write_text("")
+    w.node.chmod(0o666)
+    w.config.write_text(f'devices:\n  npu:\n    nodes: ["{base}/dev/accel*"]\n')
+    w.config.chmod(0o644)
+    w.work.mkdir()
+    w.work.chmod(0o777)
+    (w.work / "order").write_text("")  # appended to by both users' commands
+    (w.work / "order").chmod(0o666)
+    for user in w.users:
+        pw = pwd.getpwnam(user)
+        w.xdg(user).mkdir(mode=0o700)
+        os.chown(w.xdg(user), pw.pw_uid, pw.pw_gid)
+    lock_existed = w.lock_file().exists()
+    try:
+        yield w
+    finally:
+        for p in w.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in w.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        for user in w.users:
+            pid = w.daemon_pid(user)
+            if pid is not None:
+                _kill(pid, signal.SIGTERM)
+                wait_for(lambda pid=pid: not alive(pid), 10, what="a user's daemon to stop")
+        if not lock_existed:  # ours: named by this test's own node
+            w.lock_file().unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_users_with_the_default_configuration_never_hold_one_device_at_once(
+    world: World,
+) -> None:
+    a_user, b_user = world.users
+    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "1m", "--grace", "0.5s",
+                    "--", *world.gated("A", "--wait"), name="A")  # fmt: skip
+    world.ready("A")
+    # Each user has a daemon of their own, found without any variable.
+    assert (world.state(a_user) / "daemon.sock").exists()
+
+    busy = world.run(b_user, "run", "-d", "npu", "--no-wait", "-t", "1m", "-l", "B", "--", "true")
+    assert busy.returncode == 75, busy.stderr
+    # Told whose lease is in the way: user, pid, since.
+    assert f"held by user {a_user}'s lease 'A' (pid {a.pid}, since " in busy.stderr
+    assert (world.state(b_user) / "daemon.sock").exists()
+    assert world.daemon_pid(a_user) != world.daemon_pid(b_user)
+
+    # B waits in line, and is woken when A's lease ends.
+    b = world.start(b_user, "run", "-d", "npu", "-l", "B", "-t", "1m", "--",
+                    *world.gated("B"), name="B")  # fmt: skip
+    wait_for(lambda: "waiting for npu" in world.err("B"), 20, what="B to say it waits")
+    assert f"user {a_user}'s lease 'A'" in world.err("B")
+    assert not (world.work / "B.ready").exists()
+    (world.work / "A.go").write_text("")
+    assert a.wait(30) == 0, world.err("A")
+    world.ready("B")
+    assert b.wait(30) == 0, world.err("B")
+    assert (world.work / "order").read_text().split() == ["A", "B"]
+
+
+def test_no_single_sigkill_frees_a_device_whose_tree_may_still_run(world: World) -> None:
+    a_user, b_user = world.users
+    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "1m", "--grace", "0.5s",
+                    "--", *world.gated("A", "--wait"), name="A")  # fmt: skip
+    command = world.ready("A")
+    first = world.daemon_pid(a_user)
+    assert first is not None
+
+    # A's daemon dies: A's client still holds the lock.
+    _kill(first)
+    wait_for(lambda: not alive(first), 10, what="A's daemon to die")
+    busy = world.run(b_user, "run", "-d", "npu", "--no-wait", "-t", "1m", "--", "true")
+    assert busy.returncode == 75, busy.stderr
+    # The client re-attaches to a new daemon and hands it the lock back.
+    wait_for(lambda: "re-attached" in world.err("A"), 20, what="A to re-attach")
+
+    # Now A's client dies: the new daemon still holds the lock until A's tree is stopped.
+    # (A zombie is gone: its parent died, and pytest, the subreaper, reaps it later.)
+    probe = (
+        "try:\n"
+        f"    state = open('/proc/{command}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+        "except OSError:\n"
+        "    state = 'gone'\n"
+        "print('A-command-alive' if state not in ('Z', 'X', 'gone') else 'A-command-gone')\n"
+    )
+    b = world.start(b_user, "run", "-d", "npu", "-l", "B", "-t", "1m", "--",
+                    world.py, "-c", probe, name="B")  # fmt: skip
+    wait_for(lambda: "waiting for npu" in world.err("B"), 20, what="B to wait")
+    _kill(a.pid)
+    assert b.wait(30) == 0, world.err("B")
+    assert "A-command-gone" in world.err("B")
+    assert not alive(command)
+
+
+def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None:
+    a_user, b_user = world.users
+    world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "1m", "--",
+                *world.gated("A", "--wait"), name="A")  # fmt: skip
+    world.ready("A")
+    rec = wait_for(lambda: devlock.read_owner(str(world.lock_file())), 10, what="A's lock record")
+    assert rec["user"] == a_user and rec["label"] == "A"
+
+    # B forges a token naming B's own shell in a directory B controls.
+    forged = world.base / "forged"
+    forged.mkdir(mode=0o777)
+    forged.chmod(0o777)
+    script = (
+        "import json, os, subprocess, sys\n"
+        "st = open('/proc/self/stat').read().rsplit(')', 1)[1].split()\n"
+        "rec = {'lease': 'ffff', 'cls': 'npu', 'label': 'B', 'holder_pid': os.getpid(),\n"
+        "       'holder_start': int(st[19]), 'leaves': []}\n"
+        f"open({str(forged / 'npu-0.token')!r}, 'w').write("
+        "f'npu-hold B pid {os.getpid()} now\\n' + json.dumps(rec) + '\\n')\n"
+        "sys.exit(subprocess.call([sys.executable, '-m', 'hold', 'check', '--device', 'npu']))\n"
+    )
+    env = {**world.env(b_user), "HOLD_STATE_DIR": str(forged)}
+    res = subprocess.run(as_user(b_user, [world.py, "-c", script], world.runtime, env),
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "no npu lease covers this process" in res.stderr
+    assert (forged / "npu-0.token").exists()
+
+    # B cannot end A's lease: B's arbiter does not know it, and A's is not B's to ask.
+    res = world.run(b_user, "release", rec["lease"])
+    assert res.returncode == 2 and "no live lease" in res.stderr, res.stderr
+    assert (world.work / "A.ready").exists() and not (world.work / "A.go").exists()
+    assert devlock.is_locked(str(world.lock_file()))
+    (world.work / "A.go").write_text("")
+
+
+# --------------------------------------------------------------------------
+# The system daemon, in a mount namespace of its own (a private /run).
+
+
+class Namespace:
+    """A private mount namespace with its own /run (tmpfs, /run/lock 1777),
+    kept alive by one process; commands enter it with nsenter."""
+
+    def __init__(self) -> None:
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             "mount -t tmpfs -o mode=755 tmpfs /run && mkdir -m 1777 /run/lock && "
+             "echo ready && exec sleep 600"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.holder.stdout is not None
+        line = self.holder.stdout.readline()
+        if line.strip() != "ready":
+            self.holder.kill()
+            self.holder.wait()
+            pytest.skip("no private mount namespace here (unshare --mount failed)")
+        self.prefix = ["nsenter", f"--mount=/proc/{self.holder.pid}/ns/mnt", "--"]
+
+    def path(self, inside: str) -> Path:
+        """A path as seen inside the namespace, reached from outside."""
+        return Path(f"/proc/{self.holder.pid}/root") / inside.lstrip("/")
+
+    def close(self) -> None:
+        self.holder.kill()
+        self.holder.wait(10)
+        assert self.holder.stdout is not None
+        self.holder.stdout.close()
+
+
+@pytest.fixture
+def system(world: World) -> Iterator[tuple[World, Namespace, subprocess.Popen[str]]]:
+    ns = Namespace()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HOLD_STATE_DIR", "HOLD_LOCK_DIR", "XDG_RUNTIME_DIR")}  # fmt: skip
+    env["HOLD_CONFIG"] = str(world.config)
+    log = open(world.base / "system.err", "w")  # noqa: SIM115
+    daemon = subprocess.Popen([*ns.prefix, *HOLD, "daemon", "--system"], env=env,
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
+    log.close()
+    world.prefix = ns.prefix
+    try:
+        sock = ns.path("/run/hold/daemon.sock")
+        wait_for(lambda: sock.exists() or daemon.poll() is not None, 20, what="system daemon")
+        assert daemon.poll() is None, (world.base / "system.err").read_text()
+        assert sock.stat().st_mode & 0o777 == 0o666
+        yield world, ns, daemon  # type: ignore[misc]
+    finally:
+        for p in world.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in world.procs:
+            p.wait(15)
+        if daemon.poll() is None:
+            daemon.terminate()
+            daemon.wait(20)
+        ns.close()
+
+
+def _raw(world: World, user: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Send ``messages`` on one connection to the system daemon as ``user``; the answers."""
+    script = (
+        "import json, socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
+        "s.connect('/run/hold/daemon.sock'); f = s.makefile('rwb')\n"
+        "out = []\n"
+        "for m in json.loads(sys.argv[1]):\n"
+        "    f.write(json.dumps(m).encode() + b'\\n'); f.flush()\n"
+        "    line = f.readline()\n"
+        "    out.append(json.loads(line) if line else None)\n"
+        "print(json.dumps(out))\n"
+    )
+    argv = [*world.prefix, *as_user(user, [world.py, "-c", script, json.dumps(messages)],
+                                    world.runtime, world.env(user))]  # fmt: skip
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    out: list[dict[str, Any]] = json.loads(res.stdout)
+    return out
+
+
+def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
+    system: tuple[World, Namespace, subprocess.Popen[str]],
+) -> None:
+    world, ns, daemon = system
+    a_user, b_user = world.users
+    # Found without any variable (XDG_RUNTIME_DIR is set, and not used).
+    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "--private", "-t", "1m", "--",
+                    *world.gated("A", "--wait"), name="A")  # fmt: skip
+    command = world.ready("A")
+    assert not (world.state(a_user) / "daemon.sock").exists()
+    tok = wait_for(lambda: _token(ns), 10, what="A's token in /run/hold")
+    assert tok["user"] == a_user
+
+    st = world.run(b_user, "status")
+    assert st.returncode == 0, st.stderr
+    assert "arbiter: system daemon" in st.stdout
+    assert f"user {a_user}" in st.stdout and "(private)" in st.stdout and "'A'" not in st.stdout
+    own = world.run(a_user, "status")
+    assert "'A'" in own.stdout, own.stdout
+
+    busy = world.run(b_user, "run", "-d", "npu", "--no-wait", "-t", "1m", "--", "true")
+    assert busy.returncode == 75 and f"user {a_user}" in busy.stderr, busy.stderr
+    res = world.run(b_user, "release", tok["lease"])
+    assert res.returncode == 2 and f"belongs to {a_user}" in res.stderr, res.stderr
+
+    # B names A's registered tree: refused. B names the marker of an A process
+    # that no one registered, then hangs up: the daemon stops B's "tree" only
+    # as far as B could, and A's process lives.
+    answers = _raw(world, b_user, [{"op": "open"}, {"op": "tree", "tree_id": tok["trees"][0]}])
+    assert answers[1]["ev"] == "error", answers
+    marker = "0123456789abcdef"
+    stray = subprocess.Popen(
+        as_user(a_user, ["sleep", "60"], world.runtime, {"HOLD_TREE": marker}),
+    )
+    world.procs.append(stray)
+    wait_for(lambda: _marker_of(stray.pid) == marker, 10, what="A's marked process")
+    answers = _raw(world, b_user, [{"op": "open"}, {"op": "tree", "tree_id": marker}])
+    assert answers[1] == {"ev": "ok", "tree": marker}, answers
+    log = ns.path("/run/hold/daemon.log")
+    wait_for(lambda: f'"tree": "{marker}"' in log.read_text()
+             and "tree_stopped" in log.read_text().split(marker, 1)[1], 20,
+             what="B's session to end")  # fmt: skip
+    assert stray.poll() is None and alive(command) and a.poll() is None
+    stray.terminate()
+    stray.wait(10)
+    (world.work / "A.go").write_text("")
+    assert a.wait(30) == 0, world.err("A")
+
+    # The system daemon down: a user pointed at its directory gets a clear error.
+    daemon.terminate()
+    assert daemon.wait(20) == 0
+    stack = world.base / "stack.yaml"
+    stack.write_text("name: mu\nunits:\n  one:\n    cmd: [sleep, '30']\n")
+    stack.chmod(0o644)
+
+    def as_b(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**world.env(b_user), "HOLD_STATE_DIR": "/run/hold"}
+        argv = [*world.prefix, *as_user(b_user, [world.py, "-m", "hold", *args], world.runtime,
+                                        env)]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    res = as_b("status")
+    assert res.returncode == 125, res.stderr
+    assert res.stderr.startswith("hold: no ticket daemon serves /run/hold"), res.stderr
+    assert "the system daemon, it is down" in res.stderr
+    # A stack without a device runs unguarded, says so, and keeps its files in
+    # the user's own directory (the system's is root's).
+    res = as_b("up", "--for", "1s", str(stack))
+    assert res.returncode == 0, res.stderr
+    assert "no guardian" in res.stderr and "it is down" in res.stderr, res.stderr
+    assert (world.xdg(b_user) / "hold" / "stacks").is_dir()
+    for out in (res.stderr, *(as_b(*a).stderr for a in (("release", "x"), ("check",)))):
+        assert "Traceback" not in out and "Error:" not in out, out
+
+
+def _token(ns: Namespace) -> dict[str, Any] | None:
+    from hold.tokens import read_record
+
+    return read_record(str(ns.path("/run/hold/npu-0.token")))
+
+
+def _marker_of(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"HOLD_TREE="):
+            return item[10:].decode()
+    return None
+
+
+def test_a_lock_file_that_cannot_be_opened_counts_as_held(tmp_path: Path) -> None:
+    """A lock file planted by someone (not a regular file) never hangs or grants."""
+    fifo = tmp_path / "hold-dev-x.lock"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(devlock.LockUnusable):
+        devlock.open_lock(str(fifo))
+    link = tmp_path / "hold-dev-y.lock"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(devlock.LockUnusable):
+        devlock.open_lock(str(link))
+    assert not (tmp_path / "elsewhere").exists()
+    assert time.monotonic() - t0 < 1.0
