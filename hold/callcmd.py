@@ -24,6 +24,8 @@ import socket
 import sys
 from typing import Any
 
+from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line, strict_loads
+
 EXIT_USAGE = 2
 EXIT_TOOL = 125
 EXIT_CANCELLED = 130
@@ -68,9 +70,9 @@ def parse_args(pairs: list[str], json_args: str | None) -> tuple[dict[str, Any],
         except OSError as e:
             raise ValueError(f"--json-args {where}: cannot read: {e.strerror}") from None
         try:
-            data = json.loads(raw)
-        except ValueError as e:
-            raise ValueError(f"--json-args {where} is not valid: JSON ({e})") from None
+            data = strict_loads(raw)  # no key twice: which value was meant is not ours to guess
+        except BadJSON as e:
+            raise ValueError(f"--json-args {where} is not valid: {e}") from None
         if not isinstance(data, dict):
             raise ValueError(
                 f"--json-args {where} is not valid: a JSON object of argument names to values"
@@ -113,7 +115,7 @@ def main_call(
             "text_args": text_args,
             "no_wait": no_wait,
         }
-        sock.sendall(json.dumps(request).encode() + b"\n")
+        sock.sendall(dumps_line(request))
         return _conversation(sock, name, unit, as_json)
     finally:
         sock.close()
@@ -143,6 +145,9 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
             except TimeoutError:
                 say("the stack did not confirm the stop in time")
                 return 128 + (cancelled_by or signal.SIGINT)
+            except BadJSON as e:
+                say(f"stack {name} sent an answer that is not valid: {e}")
+                return EXIT_TOOL
             if msg is None:
                 say(f"stack {name} closed the connection without a result")
                 return EXIT_TOOL
@@ -208,15 +213,18 @@ class _Lines:
     """JSON lines from the stack, each read within an optional time limit."""
 
     def __init__(self, sock: socket.socket) -> None:
+        from supervisor.stackctl import MAX_ANSWER
+
         self.sock = sock
-        self.buf = b""
+        self.lines = LineBuffer(MAX_ANSWER)
 
     def next(self, timeout: float | None) -> dict[str, Any] | None:
-        """The next message; None at end of file; ``TimeoutError`` past ``timeout``."""
+        """The next message; None at end of file; ``TimeoutError`` past ``timeout``;
+        :class:`BadJSON` for a line that is not one."""
         import time
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self.buf:
+        while (msg := self.lines.next()) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError
@@ -228,7 +236,5 @@ class _Lines:
                 data = b""
             if not data:
                 return None
-            self.buf += data
-        line, self.buf = self.buf.split(b"\n", 1)
-        msg: dict[str, Any] = json.loads(line)
+            self.lines.push(data)
         return msg

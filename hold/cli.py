@@ -69,8 +69,31 @@ SYSTEM_DIR = "/run/hold"
 @click.option("--system", is_flag=True,
               help="Serve every user of this machine (as root, in /run/hold: what the "
               "systemd unit runs).")  # fmt: skip
-def daemon_cmd(detach: bool, idle_exit: str | None, system: bool) -> None:
+@click.option(
+    "--reload",
+    "reload_",
+    is_flag=True,
+    help="Make the running daemon re-read its configuration, and exit.",
+)
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Install the system daemon's systemd unit and start it (as root).",
+)
+@click.option(
+    "--unit-dir",
+    default="/etc/systemd/system",
+    show_default=True,
+    help="With --install: where the unit goes.",
+)
+@click.option("--no-start", is_flag=True, help="With --install: write the unit only.")
+def daemon_cmd(detach: bool, idle_exit: str | None, system: bool, reload_: bool,
+               install: bool, unit_dir: str, no_start: bool) -> None:  # fmt: skip
     """Serve device leases for this state directory (one daemon per directory)."""
+    if install:
+        _install(unit_dir, start=not no_start)
+    if reload_:
+        _reload()
     from hold.daemon import Daemon
     from supervisor.parse import parse_duration
 
@@ -113,6 +136,40 @@ def daemon_cmd(detach: bool, idle_exit: str | None, system: bool) -> None:
         config_path=cfg.path,
     )
     raise SystemExit(daemon.serve(ready_fd=ready_fd))
+
+
+def _install(unit_dir: str, start: bool) -> None:
+    import subprocess
+
+    from hold.sysunit import install
+    from hold.tokens import UnsafePath
+
+    if start and os.geteuid() != 0:
+        _fail("--install: the system daemon is installed by root (or use --no-start "
+              "--unit-dir DIR to write the unit only)")  # fmt: skip
+    try:
+        for line in install(unit_dir, start):
+            click.echo(f"hold: {line}")
+    except UnsafePath as e:
+        _fail(f"--install: {e}", 2)
+    except (OSError, subprocess.CalledProcessError) as e:
+        _fail(f"--install: {e}", 125)
+    raise SystemExit(0)
+
+
+def _reload() -> None:
+    from hold.client import Client, DaemonUnreachable
+
+    _classes()  # the file must read before the daemon is asked to
+    try:
+        ans = Client.connect(_state_dir(), autostart=False).request({"op": "reload"})
+    except (DaemonUnreachable, OSError, TimeoutError) as e:
+        _fail(f"--reload: {e}", 125)
+    if ans.get("ev") != "reloaded":
+        _fail(f"--reload: {ans.get('error')}", int(ans.get("code", 125)))
+    classes = ", ".join(f"{k} ({v})" for k, v in sorted(ans["classes"].items()))
+    click.echo(f"hold: reloaded {ans.get('config') or 'the defaults'}: {classes}")
+    raise SystemExit(0)
 
 
 def _client() -> Any:

@@ -27,6 +27,10 @@ class DaemonUnreachable(Exception):
     """No daemon answered, and none could be started (exit 125)."""
 
 
+class ConfigMismatch(Exception):
+    """Our daemon reads another configuration and cannot be replaced now (exit 2)."""
+
+
 class Client:
     """One connection to the daemon; its lifetime is the lifeline of any lease it holds."""
 
@@ -60,15 +64,40 @@ class Client:
         return cls(sd, sock)
 
     @classmethod
-    def with_session(cls, sd: StateDir, *, timeout: float = START_TIMEOUT) -> Client:
+    def with_session(
+        cls, sd: StateDir, *, timeout: float = START_TIMEOUT, config: str | None = None
+    ) -> Client:
         """A connection with an open session; retried through a daemon that
-        is just leaving (an autostarted one exits when idle) or dying."""
+        is just leaving (an autostarted one exits when idle) or dying.
+
+        ``config``: the fingerprint of our configuration (hold.config.fingerprint).
+        A daemon of ours that reads another one is replaced if it is idle;
+        :class:`ConfigMismatch` if it is busy. The system daemon's is the
+        machine's, whatever ours says.
+        """
         client = cls.connect(sd, timeout=timeout)
         try:
             client.open_session()
         except (DaemonUnreachable, OSError, ProtocolError):
             client.reopen(timeout)
-        return client
+        arbiter = client.info.get("arbiter") or {}
+        if config is None or arbiter.get("kind") == "system":
+            return client
+        theirs = arbiter.get("config_digest")
+        if theirs is None or theirs == config:
+            return client
+        ans = client.request({"op": "retire"})
+        if ans.get("ev") != "retiring":
+            client.close()
+            raise ConfigMismatch(
+                f"the ticket daemon for {sd.path} (pid {arbiter.get('pid')}) reads another "
+                f"configuration ({arbiter.get('config') or 'the defaults'}) and cannot be "
+                f"replaced now: {ans.get('error')}. Wait for its leases to end, or run "
+                "`hold daemon --reload` if you changed the file it reads"
+            )
+        client.close()
+        _wait_gone(int(ans["pid"]), timeout)
+        return cls.with_session(sd, timeout=timeout)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -206,6 +235,18 @@ class Client:
         for fd in self.lock_fds:
             os.close(fd)
         self.lock_fds = []
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Until ``pid`` has exited (a daemon that said it is leaving), at most ``timeout``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone already
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
 
 
 def _try_connect(path: str) -> socket.socket | None:

@@ -48,6 +48,19 @@ def config_path(environ: dict[str, str] | os._Environ[str] = os.environ) -> str 
     return None
 
 
+def fingerprint(path: str | None) -> str:
+    """What a daemon and its client compare to know they read one configuration."""
+    if path is None:
+        return "defaults"
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except OSError:
+        return "unreadable"
+
+
 def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:
     path = config_path(environ)
     if path is None:

@@ -39,6 +39,7 @@ import time
 from typing import Any, TypeVar
 
 from hold import devlock, ledger, occupancy
+from hold.config import fingerprint
 from hold.devices import DeviceClass
 from hold.ledger import Lease, SessionRec, TreeRec
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
@@ -165,6 +166,8 @@ class Daemon:
                  config_path: str | None = None) -> None:  # fmt: skip
         self.sd = sd
         self.config_path = config_path
+        self.config_digest = fingerprint(config_path)
+        self.reload_asked = False  # SIGHUP
         self.classes = classes
         # A device is its machine-wide identity (the node's device number):
         # the name of its kernel lock, shared with every other arbiter here.
@@ -243,11 +246,13 @@ class Daemon:
         self._wake_w = wake_w
         self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
         self.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
         self._recover()
         self.log.info("daemon_started", pid=os.getpid(), state_dir=self.sd.path,
-                      classes={k: self.sizes[k] for k in self.classes})  # fmt: skip
+                      classes={k: self.sizes[k] for k in self.classes}, config=self.config_path,
+                      arbiter="system" if self.system else "per-user")  # fmt: skip
         _sd_notify("READY=1")
         if ready_fd is not None:
             os.write(ready_fd, b"1")
@@ -271,6 +276,9 @@ class Daemon:
                 self._finish_checks()
                 self._finish_stops()
                 self._run_timers()
+                if self.reload_asked:
+                    self.reload_asked = False
+                    self._reload()
                 self._note_idle()
         finally:
             # Leases and trees stay on disk: a restarted daemon re-attaches them.
@@ -290,6 +298,47 @@ class Daemon:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
         os.write(self._wake_w, b"s")
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self.reload_asked = True
+        os.write(self._wake_w, b"h")
+
+    def _reload(self) -> str | None:
+        """Read the configuration again (SIGHUP, ``hold daemon --reload``); why not, or None.
+
+        Refused, keeping the old one whole, when a class that has live leases
+        or waiters would be dropped or would name other devices.
+        """
+        from hold.config import load
+        from hold.devices import classes_from_config
+        from supervisor.parse import BadValue
+
+        assert self.log is not None
+        try:
+            cfg = load()
+            classes = classes_from_config(cfg.devices, cfg.path)
+        except BadValue as e:
+            self.log.error("reload_refused", error=str(e))
+            return str(e)
+        keys = {name: c.device_keys() for name, c in classes.items()}
+        live = {s.lease.cls for s in self.sessions.values() if s.lease is not None}
+        live |= {cls for cls, q in self.queues.items() if q}
+        live |= {c for c, _ in (*self.verifying, *self.blocked, *self.elsewhere)}
+        for cls in sorted(live):
+            if cls not in classes or keys[cls] != self.keys[cls]:
+                how = "dropped" if cls not in classes else "changed"
+                why = (f"class {cls} has live leases or waiters and would be {how} by "
+                       f"{cfg.path or 'the defaults'}; nothing was changed")  # fmt: skip
+                self.log.error("reload_refused", error=why)
+                return why
+        self.classes, self.keys = classes, keys
+        self.sizes = {name: len(k) for name, k in keys.items()}
+        self.queues = {name: self.queues.get(name, []) for name in classes}
+        self.scanned = {name: occupancy.has_nodes(c) for name, c in classes.items()}
+        self.grant_busy, self.home_tokens = cfg.busy_devices, cfg.home_tokens
+        self.config_path, self.config_digest = cfg.path, fingerprint(cfg.path)
+        self.log.info("config_reloaded", config=cfg.path, classes=dict(self.sizes))
+        return None
 
     def _listen(self) -> socket.socket:
         path = self.sd.socket
@@ -416,6 +465,10 @@ class Daemon:
             self._end(conn)
         elif op == "check":
             self._check(conn, _text(msg, "cls"))
+        elif op == "retire":
+            self._retire(conn)
+        elif op == "reload":
+            self._reload_op(conn)
         else:
             conn.send({"ev": "error", "code": 2, "error": f"unknown op {op!r}"})
 
@@ -430,6 +483,38 @@ class Daemon:
         conn.session = s
         conn.send({"ev": "session", "session": sid, "arbiter": self._arbiter(),
                    "classes": dict(self.sizes)})  # fmt: skip
+
+    def _retire(self, conn: Conn) -> None:
+        """Leave now, for a client of ours that reads another configuration
+        (it starts a daemon with its own). Only an autostarted daemon, asked by
+        its own user, with nothing to keep: no lease, tree or waiter of anyone."""
+        others = [s for s in self.sessions.values() if s is not conn.session and s.persistent]
+        waiting = sum(len(q) for q in self.queues.values())
+        if self.system or self.idle_exit is None or conn.uid != os.geteuid():
+            why = "this daemon was not started by a client of yours; it stays"
+        elif others or waiting or self.ending:
+            leases = [f"{s.lease.cls} lease {s.lease.lease_id} of {s.user} (pid {s.owner_pid})"
+                      for s in others if s.lease is not None]  # fmt: skip
+            why = (f"busy: {', '.join(leases) or f'{len(others)} guarded tree(s)'}"
+                   f"{f', {waiting} waiting' if waiting else ''}")  # fmt: skip
+        else:
+            assert self.log is not None
+            self.log.info("retiring", asked_by=conn.peer.pid, config=self.config_path)
+            conn.send({"ev": "retiring", "pid": os.getpid()})
+            self.stopping = True
+            return
+        conn.send({"ev": "error", "code": 2, "error": why})
+
+    def _reload_op(self, conn: Conn) -> None:
+        if conn.uid not in (0, os.geteuid()):
+            conn.send({"ev": "error", "code": 2, "error": "only root or the daemon's own user "
+                       "may reload its configuration"})  # fmt: skip
+            return
+        why = self._reload()
+        if why is not None:
+            conn.send({"ev": "error", "code": 2, "error": why})
+        else:
+            conn.send({"ev": "reloaded", "config": self.config_path, "classes": dict(self.sizes)})
 
     def _attach(self, conn: Conn, sid: str) -> None:
         s = self.sessions.get(sid)
@@ -979,9 +1064,17 @@ class Daemon:
                 continue
             survivors = [sv._asdict() for r in reports for sv in r.survivors]
             for r in reports:
+                if isinstance(r, occupancy.LeftoverStop):
+                    # Someone used the lease's device without a ticket: whose it was.
+                    h = r.holder
+                    self._log("leftover_stopped", s, holder_pid=h["pid"], holder_user=h["user"],
+                              holder_uid=h["uid"], command=h["command"], node=h["node"],
+                              device=f"{h['class']}:{h['device']}", tree=r.tree_id,
+                              outcome=r.outcome, ok=r.ok)  # fmt: skip
                 self._log("tree_stopped", s, tree=r.tree_id, outcome=r.outcome,
                           stopped=len(r.stopped), killed=len(r.killed),
-                          duration_ms=round(r.duration * 1000, 1), survivors=survivors)  # fmt: skip
+                          duration_ms=round(r.duration * 1000, 1), survivors=survivors,
+                          holders_after=[h._asdict() for h in r.holders_after])  # fmt: skip
             cls = s.lease.cls if s.lease else None
             if s.lease is not None:
                 self._remove_tokens(s)
@@ -1193,7 +1286,8 @@ class Daemon:
         """Which arbiter this is: the machine's system daemon, or one user's own."""
         return {"kind": "system" if self.system else "per-user", "state_dir": self.sd.path,
                 "pid": os.getpid(), "user": _user(os.geteuid()),
-                "config": self.config_path}  # fmt: skip
+                "config": self.config_path, "config_digest": self.config_digest,
+                "autostarted": self.idle_exit is not None}  # fmt: skip
 
     def status(self, viewer: int) -> dict[str, Any]:
         """Every device and its holder as ``viewer`` (a uid) may see it: labels of

@@ -4,15 +4,22 @@ Small and text-based on purpose: a person can talk to the daemon with
 ``socat - UNIX-CONNECT:daemon.sock`` while debugging. Who is asking is never
 taken from a message: the daemon reads it from the socket (``SO_PEERCRED``,
 ``SO_PEERPIDFD``).
+
+Decoded strictly (:mod:`supervisor.jsonlines`): a message is at most
+:data:`MAX_MESSAGE` bytes and :data:`MAX_DEPTH` deep, UTF-8 with no lone
+surrogate, no duplicate key and no ``NaN``; anything else is a
+:class:`ProtocolError`, which ends that connection and nothing else.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Any
 
-MAX_MESSAGE = 64 * 1024
+from supervisor import jsonlines
+
+MAX_MESSAGE = jsonlines.MAX_LINE
+MAX_DEPTH = jsonlines.MAX_DEPTH
 
 Message = dict[str, Any]
 
@@ -22,37 +29,23 @@ class ProtocolError(Exception):
 
 
 def encode(msg: Message) -> bytes:
-    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+    return jsonlines.dumps_line(msg)
 
 
 class LineBuffer:
     """Accumulates bytes from a stream socket and yields complete messages."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_lines",)
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._lines = jsonlines.LineBuffer(MAX_MESSAGE, MAX_DEPTH)
 
     def feed(self, data: bytes) -> list[Message]:
-        self._buf += data
-        out: list[Message] = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                if len(self._buf) > MAX_MESSAGE:
-                    raise ProtocolError("message too long")
-                return out
-            line = bytes(self._buf[:nl])
-            del self._buf[: nl + 1]
-            if not line.strip():
-                continue
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                raise ProtocolError(f"not JSON: {line[:80]!r}") from None
-            if not isinstance(msg, dict):
-                raise ProtocolError("a message must be a JSON object")
-            out.append(msg)
+        """The messages ``data`` completes; :class:`ProtocolError` at the first bad one."""
+        try:
+            return self._lines.feed(data)
+        except jsonlines.BadJSON as e:
+            raise ProtocolError(str(e)) from None
 
 
 def send(sock: socket.socket, msg: Message) -> None:

@@ -254,7 +254,10 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, _interrupted) for s in forwarded}
     try:
-        return Run(args, prog, cfg.cgroups, sd, spec).execute()
+        from hold.config import fingerprint
+
+        digest = fingerprint(cfg.path) if spec is not None else None
+        return Run(args, prog, cfg.cgroups, sd, spec, digest).execute()
     except Interrupted as e:
         print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running",
               file=sys.stderr)  # fmt: skip
@@ -278,8 +281,10 @@ class Run:
     """One ``hold run``: the daemon conversation around a :class:`Foreground`."""
 
     def __init__(self, args: RunArgs, prog: str, cgroups: str, sd: StateDir,
-                 spec: tuple[str, tuple[int, ...] | None] | None) -> None:  # fmt: skip
+                 spec: tuple[str, tuple[int, ...] | None] | None,
+                 config_digest: str | None = None) -> None:  # fmt: skip
         self.args = args
+        self.config_digest = config_digest
         self.prog = prog
         self.cgroups = cgroups
         self.sd = sd
@@ -292,7 +297,7 @@ class Run:
         print(f"{self.prog}: {text}", file=sys.stderr, flush=True)
 
     def execute(self) -> int:
-        from hold.client import Client, DaemonUnreachable
+        from hold.client import Client, ConfigMismatch, DaemonUnreachable
         from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.environ import minimal_env
         from supervisor.foreground import Foreground, is_foreground_tty
@@ -317,7 +322,10 @@ class Run:
         # while we are a subreaper (prepare() below may make us one).
         client: Client | None = None
         try:
-            client = Client.with_session(self.sd)
+            client = Client.with_session(self.sd, config=self.config_digest)
+        except ConfigMismatch as e:
+            self.say(str(e))
+            return 2
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if self.spec is not None:
                 self.say(f"cannot reach the ticket daemon: {e}")
@@ -391,7 +399,7 @@ class Run:
                     self.client.end()
                 self.client.close()
         report = result.report
-        if args.verbose or report.survivors:
+        if args.verbose or report.survivors or report.holders_after:
             self.say(report.summary())
         kind = result.cause.kind
         if kind == "expired":

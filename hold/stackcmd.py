@@ -247,8 +247,16 @@ class StackRun:
 
         # The daemon before the stack starts: if we have to start one, it must
         # not become our child while we are a subreaper (the stack may make us one).
+        from hold.client import ConfigMismatch
+        from hold.config import fingerprint
+
         try:
-            self.client = Client.with_session(self.sd)
+            digest = fingerprint(cfg.path) if spec.hold is not None else None
+            self.client = Client.with_session(self.sd, config=digest)
+        except ConfigMismatch as e:
+            stack.release()
+            self.say(str(e))
+            return 2
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if spec.hold is not None:
                 stack.release()
