@@ -123,13 +123,14 @@ def test_the_leaf_is_made_when_the_lease_is_granted_not_before_the_wait(tmp_path
 
     a = subprocess.Popen([NPU_HOLD, "-l", "A", "--", sys.executable, GATED, str(work), "A",
                           "--wait"], stderr=subprocess.DEVNULL)  # fmt: skip
-    b_err = tmp_path / "b.err"
-    with open(b_err, "w") as err:
-        b = subprocess.Popen([NPU_HOLD, "-l", "B", "--", sys.executable, GATED, str(work), "B"],
-                             stderr=err)  # fmt: skip
+    b: subprocess.Popen[bytes] | None = None
     try:
         wait_for(lambda: (work / "A.ready").exists(), 20, what="A")
         with_a = leaves()
+        b_err = tmp_path / "b.err"
+        with open(b_err, "w") as err:
+            b = subprocess.Popen([NPU_HOLD, "-l", "B", "--", sys.executable, GATED, str(work),
+                                  "B"], stderr=err)  # fmt: skip
         wait_for(lambda: "waiting for npu" in b_err.read_text(), 20, what="B to wait")
         assert leaves() == with_a  # B waits without a leaf
         (work / "A.go").write_text("")
@@ -140,6 +141,6 @@ def test_the_leaf_is_made_when_the_lease_is_granted_not_before_the_wait(tmp_path
         assert env["HOLD_DEVICES"] == "npu:0"
     finally:
         for p in (a, b):
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 p.terminate()
                 p.wait(10)
