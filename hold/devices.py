@@ -57,6 +57,10 @@ class DeviceClass(NamedTuple):
                 continue
             seen.add(key)
             out.append(path)
+        if any(k.startswith(f"c{NVIDIA_MAJOR}-") for k in seen):
+            # nvidia-drm gives each NVIDIA GPU a DRM render node too: the same
+            # GPU by another number. Counted once, by its /dev/nvidiaN node.
+            out = [p for p in out if not _nvidia_render_node(p)]
         return out
 
     def device_keys(self) -> list[str]:
@@ -91,6 +95,25 @@ def node_key(path: str) -> str | None:
     if stat.S_ISREG(st.st_mode):
         return f"f{st.st_dev:x}-{st.st_ino}"
     return None
+
+
+NVIDIA_MAJOR = 195
+DRM_MAJOR = 226
+
+
+def _nvidia_render_node(path: str) -> bool:
+    """Is ``path`` a DRM node whose GPU the ``nvidia`` driver runs (sysfs says)?"""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != DRM_MAJOR:
+        return False
+    driver = f"/sys/dev/char/{DRM_MAJOR}:{os.minor(st.st_rdev)}/device/driver"
+    try:
+        return os.path.basename(os.readlink(driver)) == "nvidia"
+    except OSError:
+        return False
 
 
 def _natural(path: str) -> list[Any]:
