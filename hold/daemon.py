@@ -646,7 +646,8 @@ class Daemon:
             return  # already gone: marker and leaf still find what it left
         chain = {a.pid for a in procscan.ancestors(pid)}
         if conn.peer.pid not in chain or not signalable_by(pid, conn.uid):
-            self._log("tree_root_refused", s, tree=tree.tree_id, pid=pid)
+            self._log("tree_root_refused", s, tree=tree.tree_id, claimed_pid=pid,
+                      peer_pid=conn.peer.pid, peer_uid=conn.uid)  # fmt: skip
             return
         tree.root_pid, tree.root_start, tree.pgid = pid, st.starttime, st.pgrp
         tree.sid = st.session if st.session == pid else None
@@ -993,8 +994,10 @@ class Daemon:
         self._save()
         self._log("session_ending", s, reason=reason)
         # A lease's grace, else the longest its trees asked for (hold run).
+        # Each tree with its own grace (a stack's units each asked for theirs);
+        # the lease's for whoever is left on its devices.
         grace = s.lease.grace if s.lease else max((t.grace for t in s.trees.values()), default=10.0)
-        trees = [self._tree_of(s, t) for t in s.trees.values()]
+        trees = [(self._tree_of(s, t), t.grace) for t in s.trees.values()]
         devices = (
             (s.lease.cls, s.lease.devices, s.lease.granted)
             if s.lease and self.scanned[s.lease.cls]
@@ -1022,14 +1025,14 @@ class Daemon:
             uid=_limit_uid(s.uid),
         )  # fmt: skip
 
-    def _stop_worker(self, sid: str, trees: list[Tree], grace: float,
+    def _stop_worker(self, sid: str, trees: list[tuple[Tree, float]], grace: float,
                      devices: tuple[str, list[int], float] | None,
                      uid: int | None) -> None:  # fmt: skip
         reports = []
         left: dict[int, Any] = {}
-        for tree in trees:
+        for tree, tree_grace in trees:
             try:
-                report = stop_tree(tree, grace=grace)
+                report = stop_tree(tree, grace=tree_grace)
                 reports.append(report)
                 if tree.leaf is not None and report.ok:
                     # The client normally removes its leaf; if it died, we do.

@@ -72,9 +72,29 @@ def remove_owned(path: str, root: str) -> None:
     os.unlink(path)
 
 
+# What a label's word may keep as it is in the first line; the rest is %XX.
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:@+=,/-")
+
+
+def line_label(label: str) -> str:
+    """``label`` as one word of the token's first line, never mistaken for a field.
+
+    Scripts in use read the first line as words and take the one after the
+    first ``pid``: a label ``run pid 1 of 3`` would hand them pid 1. So
+    spaces, ``%``, control and non-ASCII characters are written as ``%XX``
+    (of their UTF-8 bytes, as in a URL), and a label that is the word ``pid``
+    itself as ``%70id``. The JSON record keeps the label as given.
+    """
+    out = "".join(
+        ch if ch in _PLAIN else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+        for ch in label
+    )
+    return "%70id" if out == "pid" else out
+
+
 def token_line(cls: str, label: str, holder_pid: int, granted: float) -> str:
     date = time.strftime("%a %b %d %H:%M:%S %Z %Y", time.localtime(granted))
-    return f"{cls}-hold {label} pid {holder_pid} {date}"
+    return f"{cls}-hold {line_label(label)} pid {holder_pid} {date}"
 
 
 def render(cls: str, record: dict[str, Any]) -> bytes:

@@ -144,3 +144,37 @@ def test_the_leaf_is_made_when_the_lease_is_granted_not_before_the_wait(tmp_path
             if p is not None and p.poll() is None:
                 p.terminate()
                 p.wait(10)
+
+
+def _pid_as_scripts_read_it(first_line: str) -> int:
+    """The reader in use: the first line's words, the one after the first ``pid``."""
+    words = first_line.split()
+    return int(words[words.index("pid") + 1])
+
+
+@pytest.mark.parametrize("label", ["run pid 1 of 3", "pid", "a\tpid 1", "100% ünï", "x pid"])
+def test_no_label_forges_the_token_line(tmp_path: Path, label: str) -> None:
+    from hold.tokens import line_label, read_record
+
+    node = tmp_path / "accel0"
+    node.write_text("")
+    configure(tmp_path, [str(tmp_path / "accel*")])
+    work = tmp_path / "work"
+    work.mkdir()
+    if "\t" in label:  # a control character: refused before anything starts
+        res = npu("-l", label, "--", "true")
+        assert res.returncode == 2 and "control characters" in res.stderr, res.stderr
+        return
+    holder = subprocess.Popen([NPU_HOLD, "-l", label, "--", sys.executable, GATED, str(work),
+                               "A", "--wait"], stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: (work / "A.ready").exists(), 20, what="the holder")
+        token = Path(os.environ["HOLD_STATE_DIR"]) / "npu-0.token"
+        first = token.read_text().split("\n", 1)[0]
+        assert first.startswith(f"npu-hold {line_label(label)} pid {holder.pid} ")
+        assert _pid_as_scripts_read_it(first) == holder.pid
+        rec = read_record(str(token))
+        assert rec is not None and rec["label"] == label  # the record keeps it whole
+    finally:
+        (work / "A.go").write_text("")
+        assert holder.wait(30) == 0
