@@ -5,12 +5,14 @@ the same user. A request is one JSON object with an ``op``; the answer is one
 or more JSON objects, the last with ``"done": true`` (``down`` first says
 ``stopping``, then ``stopped`` with the exit status once everything is
 stopped). Only the stack's own user (or root) may connect: the directory is
-0700, and the peer's uid is checked again from ``SO_PEERCRED``.
+0700, and the peer's uid is checked again from ``SO_PEERCRED``. Lines are
+read strictly (:mod:`supervisor.jsonlines`): a request that is not one JSON
+object, within the limits, with no key twice, is answered with an error and
+its connection closed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import select
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line
 from supervisor.parse import BadValue
 
 # A stack's name is a directory under the state directory: no '/', no '..'.
@@ -36,7 +39,10 @@ def check_stack_name(name: str, *, where: str = "") -> str:
 
 
 Message = dict[str, Any]
-MAX_LINE = 64 * 1024
+# A request: room for a call's arguments (at most 64 KiB as JSON, checked by the
+# stack) in either of their forms. An answer: a call's stdout (1 MiB) in base64.
+MAX_LINE = 256 * 1024
+MAX_ANSWER = 16 << 20
 
 
 class Reply:
@@ -48,7 +54,7 @@ class Reply:
         self.closed = False
 
     def send(self, msg: Message, *, done: bool = False) -> None:
-        data = json.dumps({**msg, **({"done": True} if done else {})}).encode() + b"\n"
+        data = dumps_line({**msg, **({"done": True} if done else {})})
         with self._lock:
             if self.closed:
                 return
@@ -152,7 +158,7 @@ class ControlServer:
         reply = Reply(conn)
         with self._lock:
             self._replies.append(reply)
-        buf = b""
+        lines = LineBuffer(MAX_LINE)
         poller = select.poll()
         poller.register(conn.fileno(), select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
@@ -168,20 +174,14 @@ class ControlServer:
                 data = b""
             if not data:
                 break
-            buf += data
-            if len(buf) > MAX_LINE:
-                reply.send({"ev": "error", "error": "request too long"}, done=True)
-                break
-            while b"\n" in buf and not reply.closed:
-                line, buf = buf.split(b"\n", 1)
+            lines.push(data)
+            while not reply.closed:
                 try:
-                    msg = json.loads(line)
-                    if not isinstance(msg, dict):
-                        raise ValueError("not an object")
-                except ValueError:
-                    reply.send(
-                        {"ev": "error", "error": "a request is one JSON object per line"}, done=True
-                    )
+                    msg = lines.next()
+                except BadJSON as e:
+                    reply.send({"ev": "error", "code": 2, "error": f"bad request: {e}"}, done=True)
+                    break
+                if msg is None:
                     break
                 self.handler(msg, reply)
         # A reply kept for later (down) stays open; others are closed by their handler.
@@ -220,8 +220,8 @@ def request(
     """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
         s.connect(path)
-        s.sendall(json.dumps(msg).encode() + b"\n")
-        buf = b""
+        s.sendall(dumps_line(msg))
+        lines = LineBuffer(MAX_ANSWER)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -232,12 +232,10 @@ def request(
             data = s.recv(65536)
             if not data:
                 raise ConnectionResetError("the stack closed the connection without an answer")
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                ans = json.loads(line)
+            lines.push(data)
+            while (ans := lines.next()) is not None:
                 if ans.get("done"):
-                    return dict(ans)
+                    return ans
                 if on_message is not None:
                     on_message(ans)
                 deadline = time.monotonic() + timeout
