@@ -154,6 +154,23 @@ class Client:
             raise DaemonUnreachable("the daemon closed the connection")
         return ans
 
+    def request_renewing(self, msg: Message, timeout: float = 10.0) -> Message:
+        """:meth:`request`, asked again of a restarted daemon if ours went away
+        meanwhile (our session re-attached where it was kept, else opened anew)."""
+        try:
+            return self.request(msg, timeout)
+        except (DaemonUnreachable, OSError, ProtocolError, TimeoutError):
+            self.renew_session()
+            return self.request(msg, timeout)
+
+    def renew_session(self, timeout: float = START_TIMEOUT) -> None:
+        """After the daemon went away: our session back (re-attached), or a new one."""
+        if self.session is not None:
+            ans = self.reattach(timeout)
+            if ans.get("ev") == "attached":
+                return
+        self.reopen(timeout)
+
     def open_session(self) -> str:
         ans = self.request({"op": "open"})
         if ans.get("ev") != "session":

@@ -298,6 +298,7 @@ class Run:
 
     def execute(self) -> int:
         from hold.client import Client, ConfigMismatch, DaemonUnreachable
+        from hold.protocol import ProtocolError
         from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.environ import minimal_env
         from supervisor.foreground import Foreground, is_foreground_tty
@@ -367,10 +368,10 @@ class Run:
         try:
             if client is not None and (leaf is not None or self.spec is None):
                 tree["leaf"] = leaf.path if leaf else None
-                ans = client.request({"op": "tree", **tree})
+                ans = client.request_renewing({"op": "tree", **tree})
                 if ans.get("ev") != "ok":
                     self.say(f"warning: the daemon refused to guard this command: {ans}")
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
             fg.discard()
             self.say(f"lost the ticket daemon: {e}")
             return EXIT_TOOL
@@ -486,7 +487,15 @@ def acquire_lease(
         "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
         "private": private, "allowed": allowed,
     }  # fmt: skip
-    client.send(ask)
+    try:
+        client.send(ask)
+    except OSError:  # the daemon went away since the session was opened: ask a new one
+        try:
+            client.reopen()
+            client.send(ask)
+        except (DaemonUnreachable, OSError, TimeoutError) as e:
+            say(f"cannot reach the ticket daemon: {e}")
+            return EXIT_TOOL
     start = time.monotonic()
     deadline = None if wait_timeout is None else start + wait_timeout
     shown: object = None

@@ -329,6 +329,8 @@ class StackRun:
     # Hooks called by the stack -----------------------------------------------
 
     def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
+        from hold.client import DaemonUnreachable
+        from hold.protocol import ProtocolError
         from supervisor.stack import StackError
 
         client = self.client
@@ -337,7 +339,7 @@ class StackRun:
         try:
             # The unit's own grace: the daemon gives it when it stops the tree for us.
             grace = self.spec.units[unit].stop.grace
-            ans = client.request(
+            ans = client.request_renewing(
                 {
                     "op": "tree",
                     "tree_id": tree_id,
@@ -345,7 +347,7 @@ class StackRun:
                     "grace": grace,
                 }
             )
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
             raise StackError(
                 [f"lost the ticket daemon while registering {unit}: {e}"], EXIT_TOOL
             ) from None
