@@ -21,6 +21,7 @@ uid may signal.
 from __future__ import annotations
 
 import array
+import collections
 import fcntl
 import json
 import math
@@ -36,6 +37,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hold import devlock, ledger, occupancy
@@ -58,6 +60,7 @@ ENDED_KEPT = 200  # ended leases remembered for the audit
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 _TREE_ID = re.compile(r"[0-9a-f]{8,32}")
 MAX_LABEL = 200
+MAX_UNSENT = 1 << 20  # bytes a client may leave unread before its connection is closed
 
 
 def check_label(label: str) -> str | None:
@@ -120,10 +123,12 @@ class Request:
 class Conn:
     """One connected client, identified by the kernel."""
 
-    __slots__ = ("buf", "fds", "last_note", "peer", "pidfd", "request", "session", "sock", "uid")
+    __slots__ = ("buf", "closed", "fds", "last_note", "out", "overflow", "peer", "pidfd",
+                 "request", "session", "sock", "uid", "want_write")  # fmt: skip
 
-    def __init__(self, sock: socket.socket, peer: ProcessId, uid: int, pidfd: int | None) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, peer: ProcessId, uid: int, pidfd: int | None,
+                 want_write: Callable[[Conn, bool], None]) -> None:  # fmt: skip
+        self.sock = sock  # non-blocking: a client that stops reading blocks nobody
         self.peer = peer
         self.uid = uid
         self.pidfd = pidfd
@@ -132,19 +137,54 @@ class Conn:
         self.request: Request | None = None
         self.last_note: Any = None
         self.fds: list[int] = []  # descriptors that came with the message being handled
+        # Unsent output, in order: (bytes, descriptors to go with their first byte).
+        self.out: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        self.overflow = False  # more unread output than MAX_UNSENT: to be closed
+        self.closed = False
+        self.want_write = want_write
 
     def send(self, msg: Message, fds: list[int] | None = None) -> None:
-        data = encode(msg)
-        try:
-            if fds:
-                # The descriptors travel with the message's first bytes.
-                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                sent = self.sock.sendmsg([data], anc)
-                data = data[sent:]
-            if data:
-                self.sock.sendall(data)
-        except OSError:
-            pass  # the client is gone; its close event follows
+        """Queue ``msg`` (with ``fds``, duplicated: they stay valid until sent) and
+        send what the socket takes now; the rest when it is writable again."""
+        if self.closed or self.overflow:
+            return
+        self.out.append((encode(msg), [os.dup(fd) for fd in fds or ()]))
+        was_waiting = len(self.out) > 1
+        self.flush()
+        if self.out and not was_waiting:
+            self.want_write(self, True)
+        if sum(len(d) for d, _ in self.out) > MAX_UNSENT:
+            self.overflow = True
+
+    def flush(self) -> None:
+        """Send queued output until the socket would block."""
+        while self.out:
+            data, fds = self.out[0]
+            try:
+                if fds:
+                    # The descriptors travel with the message's first bytes.
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    sent = self.sock.sendmsg([data], anc)
+                else:
+                    sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.drop_output()  # the client is gone; its close event follows
+                return
+            for fd in fds:
+                os.close(fd)
+            if sent < len(data):
+                self.out[0] = (data[sent:], [])
+                return
+            self.out.popleft()
+        self.want_write(self, False)
+
+    def drop_output(self) -> None:
+        for _, fds in self.out:
+            for fd in fds:
+                os.close(fd)
+        self.out.clear()
 
     def close_fds(self) -> None:
         for fd in self.fds:
@@ -260,12 +300,15 @@ class Daemon:
         self._note_idle()  # nobody may come at all: the idle clock starts now
         try:
             while not self.stopping:
-                for key, _ in self.sel.select(self._next_timeout()):
+                for key, mask in self.sel.select(self._next_timeout()):
                     kind, obj = key.data
                     if kind == "listen":
                         self._accept(listener)
                     elif kind == "conn":
-                        self._on_readable(obj)
+                        if mask & selectors.EVENT_WRITE and not obj.closed:
+                            obj.flush()
+                        if mask & selectors.EVENT_READ and not obj.closed:
+                            self._on_readable(obj)
                     elif kind == "wake":
                         _drain(wake_r)
                     elif kind == "owner":
@@ -276,6 +319,7 @@ class Daemon:
                 self._finish_checks()
                 self._finish_stops()
                 self._run_timers()
+                self._close_overflowed()
                 if self.reload_asked:
                     self.reload_asked = False
                     self._reload()
@@ -388,10 +432,25 @@ class Daemon:
             sock.close()
             os.close(pidfd)
             return
-        sock.setblocking(True)
-        sock.settimeout(2.0)  # a client that stops reading cannot block the daemon for long
-        conn = Conn(sock, ProcessId(pid, start), uid, pidfd)
+        sock.setblocking(False)
+        conn = Conn(sock, ProcessId(pid, start), uid, pidfd, self._want_write)
         self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+
+    def _want_write(self, conn: Conn, want: bool) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+        try:
+            self.sel.modify(conn.sock, events, ("conn", conn))
+        except (KeyError, ValueError):
+            pass  # closed meanwhile
+
+    def _close_overflowed(self) -> None:
+        for key in list(self.sel.get_map().values()):
+            kind, conn = key.data
+            if kind == "conn" and conn.overflow:
+                assert self.log is not None
+                self.log.error("client_not_reading", pid=conn.peer.pid, uid=conn.uid,
+                               unsent=sum(len(d) for d, _ in conn.out))  # fmt: skip
+                self._on_close(conn)
 
     def _on_readable(self, conn: Conn) -> None:
         try:
@@ -409,6 +468,8 @@ class Daemon:
         try:
             msgs = conn.buf.feed(data)
             for msg in msgs:
+                if conn.closed or conn.overflow:
+                    break
                 self._dispatch(conn, msg)
                 conn.close_fds()  # only the message they came with may take them
         except Exception as e:
@@ -430,6 +491,9 @@ class Daemon:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
             return  # already closed (a bad message ends its connection once)
+        conn.closed = True
+        conn.flush()  # a last answer (an error) goes out if the socket takes it
+        conn.drop_output()
         conn.sock.close()
         if conn.pidfd is not None:
             os.close(conn.pidfd)

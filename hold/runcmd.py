@@ -252,7 +252,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     # us cleanly: we may be starting the daemon or waiting in line, and a
     # traceback (or a silent death that leaves an empty cgroup leaf) is no answer.
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, _interrupted) for s in forwarded}
+    old = {s: signal.signal(s, interrupted) for s in forwarded}
     try:
         from hold.config import fingerprint
 
@@ -273,7 +273,8 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def _interrupted(signum: int, frame: object) -> None:
+def interrupted(signum: int, frame: object) -> None:
+    """A signal handler: raise :class:`Interrupted` (before a command's own handlers)."""
     raise Interrupted(signum)
 
 

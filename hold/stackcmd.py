@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -150,7 +151,22 @@ def main_up(
         return 2
     if detach:
         return _detach(path, spec, sd, run_for)
-    return StackRun(spec, sd, seconds, status_fd).execute()
+    # Until the stack's own loop takes the stop signals over, one ends this
+    # run cleanly: it may be waiting for a ticket or making its trees, and
+    # `hold down` of a stack that is starting sends exactly that.
+    from hold.runcmd import Interrupted, interrupted
+
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    old = {s: signal.signal(s, interrupted) for s in stop_signals}
+    try:
+        return StackRun(spec, sd, seconds, status_fd).execute()
+    except Interrupted as e:
+        say(f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
+            "nothing is left running")  # fmt: skip
+        return 128 + e.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 class StatusPipe:
@@ -205,6 +221,7 @@ class StackRun:
         self.status = StatusPipe(status_fd) if status_fd is not None else None
         self.client: Client | None = None
         self.send_lock = threading.Lock()
+        self.leased = False
 
     def say(self, text: str) -> None:
         if self.status is not None:
@@ -285,6 +302,8 @@ class StackRun:
             return result.code
         finally:
             if self.client is not None:
+                if self.leased:
+                    self.client.end()  # the lease is over when `hold up` returns
                 self.client.close()
             if self.status is not None:
                 self.status.close()  # the starter reads its end of file: not ready
@@ -320,6 +339,7 @@ class StackRun:
         )
         if isinstance(got, int):
             return got
+        self.leased = True
         self.say(
             f"inside lease {got.lease} ({env.get('HOLD_DEVICES')}) until "
             f"{time.strftime('%H:%M:%S', time.localtime(got.expires))}"
@@ -592,8 +612,7 @@ def main_down(name: str) -> int:
         say(str(e), "hold down")
         return 2
     if ans is None:
-        say(f"stack {name} is not running", "hold down")
-        return 0
+        return _down_starting(name)
     if ans.get("ev") == "error":
         say(str(ans.get("error")), "hold down")
         return int(ans.get("code", 2))
@@ -608,6 +627,49 @@ def main_down(name: str) -> int:
     code = int(ans.get("code", 0))
     say(f"stack {name} stopped" + (" (with survivors)" if code == 3 else ""), "hold down")
     return 3 if code == 3 else 0
+
+
+def _down_starting(name: str) -> int:
+    """``hold down`` of a stack with no control socket: not running, or starting
+    (its lock is held: waiting for a ticket, making its trees). A starting stack
+    is stopped like a running one: its process is told (SIGTERM) and waited for."""
+    lock = os.path.join(run_dir_of(_open_sd(), name), "stack.lock")
+    pid = _lock_holder(lock)
+    if pid is None:
+        say(f"stack {name} is not running", "hold down")
+        return 0
+    say(f"stack {name} is starting (pid {pid}); stopping it", "hold down")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        say(f"stack {name} (pid {pid}) is not yours to stop", "hold down")
+        return 2
+    if not _wait_unlocked(lock, 3600):
+        say(f"stack {name} is still stopping after an hour; see hold ps {name}", "hold down")
+        return 125
+    say(f"stack {name} stopped", "hold down")
+    return 0
+
+
+def _lock_holder(path: str) -> int | None:
+    """The pid written in a held stack lock; None if nobody holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it (closing fd lets go at once)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else None
+    finally:
+        os.close(fd)
 
 
 def _wait_unlocked(path: str, timeout: float) -> bool:
