@@ -163,6 +163,13 @@ def test_two_users_with_the_default_configuration_never_hold_one_device_at_once(
     assert f"held by user {a_user}'s lease 'A' (pid {a.pid}, since " in busy.stderr
     assert (world.state(b_user) / "daemon.sock").exists()
     assert world.daemon_pid(a_user) != world.daemon_pid(b_user)
+    # B's own daemon shows A's lease, from the lock's record: user, pid, since, until.
+    st = world.run(b_user, "status")
+    assert st.returncode == 0, st.stderr
+    assert f"arbiter: per-user daemon of {b_user}" in st.stdout
+    line = next(ln for ln in st.stdout.splitlines() if ln.startswith("npu:0"))
+    assert f"user {a_user}" in line and f"pid {a.pid}" in line and "via another daemon" in line
+    assert "since " in line and "until " in line and "'A'" in line
 
     # B waits in line, and is woken when A's lease ends.
     b = world.start(b_user, "run", "-d", "npu", "-l", "B", "-t", "1m", "--",
@@ -436,3 +443,65 @@ def test_a_lock_file_that_cannot_be_opened_counts_as_held(tmp_path: Path) -> Non
         devlock.open_lock(str(link))
     assert not (tmp_path / "elsewhere").exists()
     assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.timeout(240)
+def test_the_system_daemon_survives_a_hostile_user(
+    system: tuple[World, Namespace, subprocess.Popen[str]],
+) -> None:
+    """User B feeds the hostile-message corpus (and a seeded fuzz) to the
+    machine's daemon while user A holds a lease: A's lease and command are
+    untouched, the daemon is the same process, and it still serves."""
+    import base64
+    import random
+
+    import test_hostile as th
+
+    world, ns, daemon = system
+    a_user, b_user = world.users
+    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "5m", "--",
+                    *world.gated("A", "--wait"), name="A")  # fmt: skip
+    command = world.ready("A")
+    tok = wait_for(lambda: _token(ns), 10, what="A's token")
+    items = [*th.framing_items(), *th.encoding_items(), *th.json_items(), *th.field_items()]
+    rng = random.Random(9)
+    cases = [(prelude, payload) for _, payload, prelude, _ in items if len(payload) < 200_000]
+    cases += [([], th.mutate(rng)) for _ in range(200)]
+    corpus = world.base / "corpus.json"
+    corpus.write_text(json.dumps([[p, base64.b64encode(b).decode()] for p, b in cases]))
+    corpus.chmod(0o644)
+    script = (
+        "import base64, json, socket, sys\n"
+        "sent = 0\n"
+        "for prelude, payload in json.load(open(sys.argv[1])):\n"
+        "    s = socket.socket(socket.AF_UNIX); s.settimeout(1.0)\n"
+        "    try:\n"
+        "        s.connect('/run/hold/daemon.sock')\n"
+        "        for m in prelude:\n"
+        "            s.sendall(json.dumps(m).encode() + b'\\n')\n"
+        "        s.sendall(base64.b64decode(payload))\n"
+        "        s.shutdown(socket.SHUT_WR)\n"  # the daemon answers, sees the end, closes
+        "        while s.recv(65536):\n"
+        "            pass\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    finally:\n"
+        "        s.close()\n"
+        "    sent += 1\n"
+        "print(sent)\n"
+    )
+    argv = [*world.prefix, *as_user(b_user, [world.py, "-c", script, str(corpus)], world.runtime,
+                                    world.env(b_user))]  # fmt: skip
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert int(res.stdout) == len(cases) > 250
+    # Nothing of A's was touched, and the daemon is the same, serving.
+    assert daemon.poll() is None
+    assert _token(ns) == tok
+    assert a.poll() is None and alive(command)
+    st = world.run(b_user, "status")
+    assert st.returncode == 0 and f"user {a_user}" in st.stdout, st.stderr
+    log = ns.path("/run/hold/daemon.log").read_text()
+    assert "request_failed" not in log  # every bad message was refused, none crashed a handler
+    (world.work / "A.go").write_text("")
+    assert a.wait(30) == 0, world.err("A")
