@@ -81,7 +81,10 @@ class Log:
     def __init__(self, path: str) -> None:
         import structlog
 
-        self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        from supervisor.safefile import open_for_append
+
+        # Never through a link someone planted (UnsafePath: the daemon refuses to start).
+        self._file = open(open_for_append(path), "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         self._log = structlog.wrap_logger(
             structlog.PrintLogger(self._file),
             processors=[
@@ -545,8 +548,12 @@ class Daemon:
         self.sessions[sid] = s
         self.attached[sid] = conn
         conn.session = s
+        defs = {name: {"nodes": list(c.nodes), "shared_nodes": list(c.shared_nodes),
+                       "visible_env": list(c.visible_env),
+                       "allowed_holders": list(c.allowed_holders)}
+                for name, c in self.classes.items()}  # fmt: skip
         conn.send({"ev": "session", "session": sid, "arbiter": self._arbiter(),
-                   "classes": dict(self.sizes)})  # fmt: skip
+                   "classes": dict(self.sizes), "class_defs": defs})  # fmt: skip
 
     def _retire(self, conn: Conn) -> None:
         """Leave now, for a client of ours that reads another configuration

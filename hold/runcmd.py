@@ -475,11 +475,20 @@ def acquire_lease(
     """
     from hold.client import DaemonUnreachable
     from hold.config import load
-    from hold.devices import classes_from_config
+    from hold.devices import DeviceClass, classes_from_config
     from hold.gpuids import usable_indices, visible_env
 
-    cfg = load()
-    klass = classes_from_config(cfg.devices, cfg.path).get(cls)
+    # The daemon's definition of the class, where it sent one: it grants the
+    # devices, so its nodes are the ones the command is told about.
+    theirs = (client.info.get("class_defs") or {}).get(cls)
+    if isinstance(theirs, dict):
+        klass: DeviceClass | None = DeviceClass(
+            cls, *(tuple(str(v) for v in theirs.get(k) or ()) for k in
+                   ("nodes", "shared_nodes", "visible_env", "allowed_holders")),
+        )  # fmt: skip
+    else:
+        cfg = load()
+        klass = classes_from_config(cfg.devices, cfg.path).get(cls)
     # Inside an allocation (a Slurm job, a container) only the devices this
     # caller can use are asked for; the daemon grants from those alone.
     allowed = usable_indices(klass, os.environ) if klass is not None else None
