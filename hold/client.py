@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
 from hold.statedir import StateDir
+from supervisor.safefile import UnsafePath, check_file, open_for_append, open_for_read
 
 START_TIMEOUT = 10.0
 T = TypeVar("T")
@@ -29,6 +30,18 @@ class DaemonUnreachable(Exception):
 
 class ConfigMismatch(Exception):
     """Our daemon reads another configuration and cannot be replaced now (exit 2)."""
+
+
+class UnsafeStateFile(UnsafePath, ConfigMismatch, DaemonUnreachable):
+    """A file the daemon would write or read in its directory is not one it made
+    (a symlink, a hard link, not ours): no daemon is started.
+
+    Raised by the autostart before it spawns one. Caught as an
+    :class:`UnsafePath` (exit 2, the message names the path), and where a
+    client first connects as a :class:`ConfigMismatch` is (refused: exit 2,
+    nothing started); later, while a command runs, as a
+    :class:`DaemonUnreachable` (the daemon is lost, its command still stopped).
+    """
 
 
 class Client:
@@ -291,6 +304,7 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
             if probe is not None:
                 probe.close()
                 return
+            _check_state_files(sd)
             started = _spawn_daemon(sd, timeout)
             while time.monotonic() < deadline:
                 probe = _try_connect(sd.socket)
@@ -309,10 +323,22 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
                             f"{timeout:g}s (see {sd.log})")  # fmt: skip
 
 
+def _check_state_files(sd: StateDir) -> None:
+    """Refuse (before a daemon is spawned, so that the user hears why) the files a
+    daemon would write through or read: its log (our descriptor becomes its
+    stderr), its lock (emptied and written) and its state (read at start)."""
+    try:
+        check_file(sd.log)
+        check_file(sd.lock)
+        check_file(sd.state, "read")
+    except UnsafePath as e:
+        raise UnsafeStateFile(f"no ticket daemon started: {e}", e.path) from None
+
+
 def _last_line(path: str) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = open_for_read(path, owned=False)
+    except (OSError, UnsafePath):
         return "(no log)"
     with os.fdopen(fd, "rb") as f:
         f.seek(max(0, os.fstat(fd).st_size - 2000))
@@ -327,7 +353,10 @@ def _spawn_daemon(sd: StateDir, timeout: float) -> bool:
     # the variables that locate its state and configuration.
     env = {k: v for k, v in os.environ.items() if k != "HOLD_TREE"}
     env["HOLD_STATE_DIR"] = sd.path
-    log = os.open(sd.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        log = open_for_append(sd.log)  # the daemon's stderr: never through a planted link
+    except UnsafePath as e:
+        raise UnsafeStateFile(f"no ticket daemon started: {e}", e.path) from None
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     # A client that re-attaches while it runs a command without a cgroup is a
     # child subreaper: the daemon, orphaned by --detach, would be re-parented

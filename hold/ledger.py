@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from hold.tokens import write_atomic
+from supervisor.safefile import open_for_read, write_atomic
 
 VERSION = 1
 
@@ -117,9 +117,13 @@ def save(path: str, sessions: list[SessionRec]) -> None:
 
 
 def load(path: str) -> list[SessionRec]:
-    """The sessions on disk; an empty list when there is no state yet."""
+    """The sessions on disk; an empty list when there is no state yet.
+
+    :class:`~supervisor.safefile.UnsafePath` if ``path`` is a symlink, not a
+    regular file, not ours or hard-linked: the daemon refuses to start on it.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_for_read(path)
     except FileNotFoundError:
         return []
     with os.fdopen(fd, "rb") as f:

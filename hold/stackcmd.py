@@ -402,14 +402,22 @@ class StackRun:
 
 def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> int:
     """Start ``hold up`` in the background; return once it is up (0) or with its failure."""
+    from supervisor.safefile import UnsafePath, ensure_dir, open_for_append
+
     run_dir = run_dir_of(sd, spec.name)
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    log_path = os.path.join(run_dir, "supervisor.log")
+    try:  # never through a link planted at the directories or the log
+        ensure_dir(os.path.dirname(run_dir), owned=False)
+        ensure_dir(run_dir)
+        log = open_for_append(log_path)
+    except UnsafePath as e:
+        say(str(e))
+        return 2
     r, w = os.pipe()
     argv = [sys.executable, "-m", "hold", "up", "--status-fd", str(w)]
     if run_for is not None:
         argv += ["--for", run_for]
     argv.append(os.path.abspath(path))
-    log = open(os.path.join(run_dir, "supervisor.log"), "ab")  # noqa: SIM115
     try:
         proc = subprocess.Popen(
             argv,
@@ -420,7 +428,7 @@ def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> in
             start_new_session=True,
         )
     finally:
-        log.close()
+        os.close(log)
         os.close(w)
     with os.fdopen(r, "rb") as f:
         for raw in f:

@@ -1,4 +1,4 @@
-"""Token files, and the atomic, symlink-refusing writes that the state uses too.
+"""Token files (written by :func:`supervisor.safefile.write_atomic`, re-exported here).
 
 A token records one held device. Its first line is the established one-line
 form that existing scripts read (``head -1``)::
@@ -18,41 +18,12 @@ import stat
 import time
 from typing import Any
 
+from supervisor.safefile import UnsafePath, open_for_read, write_atomic
 
-class UnsafePath(Exception):
-    """A path we were about to write or delete is not what we expected (e.g. a symlink)."""
-
-
-def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Write ``path`` whole or not at all: a temp file beside it, then rename.
-
-    No fsync, on purpose: what this protects against is the death of the
-    writer (a SIGKILLed daemon), and the page cache outlives any process. A
-    machine crash loses the last write, but it also ends every process the
-    record could be about (and /run is wiped at boot). An fsync would cost a
-    few milliseconds in every grant and release, for nothing.
-
-    Refuses if ``path`` is a symlink or not a regular file; the temp file is
-    created with ``O_EXCL|O_NOFOLLOW``, so nothing is ever written through a
-    link someone planted.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(f"{path} is a symlink or not a regular file; refusing to replace it")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.write(fd, data)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
+# One class and one writer for every file we keep (supervisor.safefile): an
+# ``except UnsafePath`` here catches what any of them refuses.
+__all__ = ["UnsafePath", "line_label", "read_record", "remove_owned", "render", "token_line",
+           "write_atomic"]  # fmt: skip
 
 
 def remove_owned(path: str, root: str) -> None:
@@ -105,8 +76,8 @@ def render(cls: str, record: dict[str, Any]) -> bytes:
 def read_record(path: str) -> dict[str, Any] | None:
     """The JSON record of a token file, or None if absent or unreadable as one."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = open_for_read(path, owned=False)  # no link, no FIFO to hang on
+    except (OSError, UnsafePath):
         return None
     with os.fdopen(fd, "rb") as f:
         lines = f.read().split(b"\n")

@@ -60,6 +60,7 @@ from supervisor.environ import minimal_env
 from supervisor.identity import read_stat
 from supervisor.output import LineReader
 from supervisor.parse import format_cpus
+from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_update, write_atomic
 from supervisor.spawn import Child, SpawnError, owned_pids, resolve, spawn
 from supervisor.stackctl import ControlServer, Message, Reply
 from supervisor.stackfile import StackSpec, UnitSpec, fill, filled_env
@@ -181,6 +182,7 @@ class TaskUnit:
         self.leaf: Leaf | None = None
         self.argv: tuple[str, ...] = spec.cmd
         self.env: dict[str, str] = {}
+        self.log: RotatingLog | None = None  # opened at prepare, handed to the runner
         self.runner: TaskRunner | None = None
 
 
@@ -295,10 +297,13 @@ class Stack:
     # ------------------------------------------------------------------ prepare
 
     def _lock(self) -> None:
-        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
-        os.makedirs(os.path.join(self.run_dir, "logs"), mode=0o700, exist_ok=True)
-        path = os.path.join(self.run_dir, "stack.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:  # nothing of ours through a link planted in our directories
+            ensure_dir(os.path.dirname(os.path.abspath(self.run_dir)), owned=False)
+            ensure_dir(self.run_dir)
+            ensure_dir(os.path.join(self.run_dir, "logs"))
+            fd = open_for_update(os.path.join(self.run_dir, "stack.lock"))
+        except UnsafePath as e:
+            raise StackError([str(e)], 2) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -422,9 +427,20 @@ class Stack:
 
         return start
 
+    def _open_logs(self) -> None:
+        """Each unit's log, and the check of the record we will write: refused
+        (exit 2, nothing started) if a link or someone else's file is there."""
+        try:
+            check_file(os.path.join(self.run_dir, "stack.json"))
+            every: list[Unit | TaskUnit] = [*self.units.values(), *self.tasks.values()]
+            for u in every:
+                u.log = RotatingLog(os.path.join(self.run_dir, "logs", f"{u.name}.log"))
+        except UnsafePath as e:
+            raise StackError([str(e)], 2) from None
+
     def _open_outputs(self) -> None:
         for u in self.units.values():
-            u.log = RotatingLog(os.path.join(self.run_dir, "logs", f"{u.name}.log"))
+            assert u.log is not None  # opened by prepare()
             u.out_r, u.out_w = os.pipe2(os.O_CLOEXEC)
             u.wake_r, u.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             u.reader = threading.Thread(
@@ -434,7 +450,7 @@ class Stack:
 
     def _open_tasks(self) -> None:
         for t in self.tasks.values():
-            log = RotatingLog(os.path.join(self.run_dir, "logs", f"{t.name}.log"))
+            log, t.log = t.log, None  # the runner's from now on (it closes it)
             t.runner = TaskRunner(
                 t.name,
                 t.spec,
@@ -493,11 +509,7 @@ class Stack:
             "started": time.time(),
             **more,
         }
-        path = os.path.join(self.run_dir, "stack.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(rec, f)
-        os.replace(tmp, path)
+        write_atomic(os.path.join(self.run_dir, "stack.json"), json.dumps(rec).encode())
 
     # ------------------------------------------------------------------ run
 
@@ -510,6 +522,7 @@ class Stack:
         """
         self._lock()
         try:
+            self._open_logs()
             self._check_ports()
             self._assign()
         except BaseException:
@@ -571,6 +584,10 @@ class Stack:
 
     def release(self) -> None:
         """Let go of the stack's name (its lock) without running it."""
+        every: list[Unit | TaskUnit] = [*self.units.values(), *self.tasks.values()]
+        for u in every:
+            if u.log is not None:
+                u.log.close()  # opened by prepare(); closing twice is nothing
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # the flock goes with it
             self._lock_fd = -1
@@ -588,7 +605,10 @@ class Stack:
             self._control = ControlServer(
                 os.path.join(self.run_dir, "control.sock"), self._on_request
             )
-            self._write_record(state="running")
+            try:
+                self._write_record(state="running")
+            except (OSError, UnsafePath) as e:  # checked at prepare; a link planted since
+                self.say(f"warning: the stack's record is not written: {e}")
             try:
                 self._loop(sig_r)
             except BaseException as e:  # an internal error still stops everything
@@ -636,7 +656,7 @@ class Stack:
             self._remove_leaves()
         try:
             self._write_record(state="stopped", code=result.code, cause=result.cause.detail)
-        except OSError:
+        except (OSError, UnsafePath):
             pass
 
     # ------------------------------------------------------------------ the loop

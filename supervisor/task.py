@@ -438,19 +438,23 @@ class TaskRunner:
             extra={**spec.env, **(extra_env or {}), "HOLD_UNIT": name},
         )
         hierarchy = hierarchy_for(cgroups)
+        # The log before the leaf: a link planted there is refused (UnsafePath)
+        # before anything is made.
+        log = RotatingLog(log_path) if log_path is not None else None
         leaf = None
         if hierarchy is not None:
             try:
                 leaf = hierarchy.create(f"hold-{tree_id}")
             except CgroupUnavailable:
                 if cgroups == "required":
+                    if log is not None:
+                        log.close()
                     raise
                 hierarchy = None
         if leaf is None:
             from supervisor.reaper import become_subreaper
 
             become_subreaper()
-        log = RotatingLog(log_path) if log_path is not None else None
         runner = cls(name, spec, env=env, argv=argv, leaf=leaf, log=log, on_end=on_end)
         if leaf is not None and hierarchy is not None:
             runner._owned_leaf = (leaf, hierarchy)

@@ -4,6 +4,12 @@ Rotation renames ``UNIT.log`` to ``UNIT.log.1`` (and ``.1`` to ``.2``, ...)
 once it passes ``max_bytes``, keeping ``keep`` old files, as logrotate would.
 A follower notices the rename (the inode at the path changes, or the file
 shrinks) and continues with the new file.
+
+Opened through :mod:`supervisor.safefile`: a log that is a symlink, a hard
+link or someone else's file is refused (:class:`UnsafePath`) when it is
+opened, and after a rotation what is written is dropped rather than written
+through a link planted meanwhile (:attr:`RotatingLog.refused` says why).
+Readers do not follow a link at the log's name either.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+
+from supervisor.safefile import UnsafePath, open_for_append, open_for_read
 
 MAX_BYTES = 10 * 1024 * 1024
 KEEP = 3
@@ -23,23 +31,24 @@ class RotatingLog:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
-        self._fd = self._open()
+        self.refused: str | None = None  # why lines are dropped (reopening was refused)
+        self._fd = open_for_append(self.path)  # UnsafePath: refused
         self._size = os.fstat(self._fd).st_size
 
-    def _open(self) -> int:
-        return os.open(
-            self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-        )
-
     def write(self, line: str) -> None:
+        if self._fd < 0:
+            return  # closed, or the reopening after a rotation was refused
         data = line.encode("utf-8", "replace") + b"\n"
         if self._size and self._size + len(data) > self.max_bytes:
             self.rotate()
+            if self._fd < 0:
+                return
         os.write(self._fd, data)
         self._size += len(data)
 
     def rotate(self) -> None:
         os.close(self._fd)
+        self._fd = -1
         for i in range(self.keep - 1, 0, -1):
             try:
                 os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
@@ -49,8 +58,12 @@ class RotatingLog:
             os.replace(self.path, f"{self.path}.1")
         else:
             os.unlink(self.path)
-        self._fd = self._open()
         self._size = 0
+        try:
+            self._fd = open_for_append(self.path)
+        except UnsafePath as e:  # planted in the instant between the rename and the open
+            self._fd = -1
+            self.refused = str(e)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -60,7 +73,7 @@ class RotatingLog:
 
 def tail_lines(path: str, n: int | None) -> tuple[list[str], int, int]:
     """The last ``n`` lines (all if None) of ``path``, its inode, and the offset read to."""
-    with open(path, "rb") as f:
+    with open(open_for_read(path, owned=False), "rb") as f:
         st = os.fstat(f.fileno())
         data = f.read()
     lines = data.decode("utf-8", "replace").splitlines()
@@ -80,13 +93,13 @@ def follow(
     while True:
         going = keep_going()
         try:
-            st = os.stat(path)
+            st = os.lstat(path)  # a link at the name is refused by the open below
         except FileNotFoundError:
             st = None
         if st is not None and (st.st_ino != ino or st.st_size < offset):
             ino, offset = st.st_ino, 0  # rotated: the new file, from its start
         if st is not None and st.st_size > offset:
-            with open(path, "rb") as f:
+            with open(open_for_read(path, owned=False), "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
             offset += len(chunk)

@@ -1,0 +1,225 @@
+"""Opening the files we keep (logs, records, locks, state) without being tricked.
+
+Every file that ``hold`` and the supervisor write in their own directories
+is opened here, and only here:
+
+* never through a symlink: ``O_NOFOLLOW`` on the file, and the directories we
+  make ourselves (a stack's run directory, its ``logs``) are checked to be
+  real directories of ours before anything is opened in them;
+* never a FIFO, device or socket someone put in its place (``O_NONBLOCK``, so
+  the open itself cannot hang on a FIFO; then ``fstat``: a regular file);
+* never a file of someone else (owned by this effective user), and never a
+  hard link (a link count of 1): a hard link to a victim file is the same
+  trick as a symlink, and ``O_NOFOLLOW`` does not see it;
+* never truncated before those checks (``open_for_write`` truncates after).
+
+A refusal raises :class:`UnsafePath`, a :class:`~supervisor.parse.BadValue`,
+with a message that names the path; the command line turns it into exit 2.
+
+Whole-file records are replaced (:func:`write_atomic`): a temp file made with
+``O_EXCL|O_NOFOLLOW`` beside the target, then a rename. A rename replaces the
+*name*, never the old inode's content, so a hard link at the target harms no
+one; a symlink (or anything but a regular file) there is still refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+
+from supervisor.parse import BadValue
+
+__all__ = [
+    "UnsafePath",
+    "check_file",
+    "ensure_dir",
+    "open_for_append",
+    "open_for_read",
+    "open_for_update",
+    "open_for_write",
+    "write_atomic",
+]
+
+
+class UnsafePath(BadValue):
+    """A path we were about to write, read or delete is not what we made (e.g. a symlink)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        # Not BadValue's own wording ("... is not valid: ..."): the message says it all.
+        ValueError.__init__(self, message)
+        self.what = "path"
+        self.value = path
+        self.accepted = message
+        self.where = ""
+        self.path = path
+
+
+_WHAT = {
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _refuse(path: str, what: str, verb: str) -> UnsafePath:
+    return UnsafePath(f"{path} is {what}; refusing to {verb} through it", path)
+
+
+def _verify(path: str, st: os.stat_result, verb: str, *, owned: bool = True) -> None:
+    """Raise unless ``st`` (of ``path``) is a regular file of ours with one link."""
+    kind = stat.S_IFMT(st.st_mode)
+    if kind != stat.S_IFREG:
+        raise _refuse(path, _WHAT.get(kind, "not a regular file"), verb)
+    if not owned:
+        return
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise UnsafePath(
+            f"{path} is owned by uid {st.st_uid}, not by us (uid {me}); refusing to {verb} it",
+            path,
+        )
+    if st.st_nlink != 1:
+        raise UnsafePath(
+            f"{path} has {st.st_nlink} hard links (a link to another file?); "
+            f"refusing to {verb} through it",
+            path,
+        )
+
+
+def _open(path: str, flags: int, mode: int, verb: str, *, owned: bool = True) -> int:
+    """``os.open`` without following a link or blocking on a FIFO, then :func:`_verify`."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _refuse(path, "a symlink", verb) from None
+        if e.errno in (errno.EISDIR, errno.ENXIO, errno.ENODEV):
+            # A directory, a socket or a FIFO without a reader, a device.
+            try:
+                kind = stat.S_IFMT(os.lstat(path).st_mode)
+            except OSError:
+                kind = 0
+            raise _refuse(path, _WHAT.get(kind, "not a regular file"), verb) from None
+        raise
+    try:
+        _verify(path, os.fstat(fd), verb, owned=owned)
+        # A regular file: blocking or not is all one to it, but whoever inherits
+        # the descriptor (a child's stdout) gets an ordinary one.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_for_append(path: str, mode: int = 0o600) -> int:
+    """A descriptor that appends to ``path`` (created with ``mode`` if absent)."""
+    return _open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode, "write")
+
+
+def open_for_write(path: str, mode: int = 0o600) -> int:
+    """A descriptor that writes ``path`` from its start, emptied (after the checks)."""
+    fd = _open(path, os.O_WRONLY | os.O_CREAT, mode, "write")
+    try:
+        os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_for_update(path: str, mode: int = 0o600) -> int:
+    """Read and write, nothing emptied (a lock file whose content says who holds it)."""
+    return _open(path, os.O_RDWR | os.O_CREAT, mode, "write")
+
+
+def open_for_read(path: str, *, owned: bool = True) -> int:
+    """A descriptor to read ``path``; ``FileNotFoundError`` if it is absent.
+
+    ``owned``: also require our own file with one link (our state); False for
+    a file that only has to be a regular file at that very name (a log).
+    """
+    return _open(path, os.O_RDONLY, 0, "read", owned=owned)
+
+
+def check_file(path: str, verb: str = "write") -> None:
+    """Raise :class:`UnsafePath` unless ``path`` is absent or a regular file of ours
+    with one link: what the opening functions above would refuse, said before a
+    process is started that would open it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    _verify(path, st, verb)
+
+
+def ensure_dir(path: str, mode: int = 0o700, *, owned: bool = True) -> None:
+    """Make ``path`` (and missing parents) and check that it is a real directory
+    (not a symlink) of ours (``owned``; False for a parent we only put ours in).
+    Files are then opened in it by name."""
+    try:
+        os.makedirs(path, mode=mode, exist_ok=True)
+    except FileExistsError:
+        pass  # a file or a dangling link at the name: refused below
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(f"{path} is a symlink; refusing to write through it", path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{path} is not a directory; refusing to write in it", path)
+    me = os.geteuid()
+    if owned and st.st_uid != me:
+        raise UnsafePath(
+            f"{path} is owned by uid {st.st_uid}, not by us (uid {me}); refusing to write in it",
+            path,
+        )
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``path`` whole or not at all: a temp file beside it, then rename.
+
+    No fsync, on purpose: what this protects against is the death of the
+    writer (a SIGKILLed daemon), and the page cache outlives any process. A
+    machine crash loses the last write, but it also ends every process the
+    record could be about (and /run is wiped at boot). An fsync would cost a
+    few milliseconds in every write, for nothing.
+
+    Refuses if ``path`` is a symlink or not a regular file. The temp file is
+    created with ``O_EXCL|O_NOFOLLOW`` (a random name; anything already there
+    is refused), so nothing is ever written through a link someone planted.
+    The target's owner is not checked: the rename never writes into the old
+    file (a mirrored token in a user's home is that user's, chowned to them).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        kind = stat.S_IFMT(st.st_mode)
+        if kind != stat.S_IFREG:
+            raise _refuse(path, _WHAT.get(kind, "not a regular file"), "write")
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:
+        raise UnsafePath(f"{tmp} exists; refusing to write through it", tmp) from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
