@@ -174,10 +174,13 @@ def _reload() -> None:
 
 def _client() -> Any:
     from hold.client import Client, DaemonUnreachable
+    from supervisor.safefile import UnsafePath
 
     _classes()  # a configuration error is reported here, not as a daemon that never answers
     try:
         return Client.connect(_state_dir())
+    except UnsafePath as e:  # a planted link in the state directory: bad input
+        _fail(str(e), 2)
     except DaemonUnreachable as e:
         _fail(str(e), 125)
 

@@ -269,8 +269,11 @@ class Daemon:
         ``ready_fd`` gets one byte once the socket serves ("1"), or when another
         daemon holds the lock ("2"); nothing if this one fails.
         """
-        lock_fd = os.open(self.sd.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          0o600)  # fmt: skip
+        from supervisor.safefile import open_for_update
+
+        # Never through a planted link (a symlink, or a hard link to a victim
+        # we would truncate below): UnsafePath, exit 2.
+        lock_fd = open_for_update(self.sd.lock)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1299,11 +1302,13 @@ class Daemon:
         assert s.lease is not None
         path = os.path.join(self.sd.path, "ended.json")
         if self.ended is None:  # read once; from then on this daemon writes it
+            from supervisor.safefile import UnsafePath, open_for_read
+
             try:
-                with open(path, "rb") as f:
+                with os.fdopen(open_for_read(path), "rb") as f:
                     past = json.loads(f.read())
                 self.ended = past[-ENDED_KEPT:] if isinstance(past, list) else []
-            except (OSError, ValueError):
+            except (OSError, ValueError, UnsafePath):
                 self.ended = []
         self.ended.append({**self._record(s), "ended": time.time()})
         del self.ended[:-ENDED_KEPT]
