@@ -4,19 +4,24 @@ unprivileged users, and the leak check that fails any test leaving a process.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
+import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+import yaml
 
 from supervisor import procscan
 
@@ -27,24 +32,33 @@ T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------
-# Isolation: every test gets its own HOLD_STATE_DIR and HOLD_CONFIG.
+# Isolation: every test gets its own HOLD_STATE_DIR and HOLD_CONFIG, and its
+# own ``npu`` and ``gpu`` classes over device nodes in its own directory.
 
 
 @pytest.fixture(autouse=True)
 def isolated_hold(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_process_left_behind: None
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_process_left_behind: None,
 ) -> Iterator[Path]:
     """Own state directory and configuration; afterwards, stop the test's daemon.
 
     Depends on the leak check so that it is torn down *before* it: a daemon
     the test started (clients autostart one) is stopped here, by its own
     SIGTERM path, and anything else still running is the test's leak.
+
+    The configuration redefines ``npu`` and ``gpu`` over nodes of this test
+    (see :func:`own_device_classes`), so every ticket goes through the
+    daemon's scan of real nodes; a test marked ``real_devices`` keeps the
+    built-in classes (the machine's own GPUs, say).
     """
     state = tmp_path / "state"
-    config = tmp_path / "config.yaml"
-    config.write_text("cgroups: auto\n")
+    own_nodes = request.node.get_closest_marker("real_devices") is None
+    write_config(tmp_path, node_classes=own_nodes)
     monkeypatch.setenv("HOLD_STATE_DIR", str(state))
-    monkeypatch.setenv("HOLD_CONFIG", str(config))
+    monkeypatch.setenv("HOLD_CONFIG", str(tmp_path / "config.yaml"))
     yield tmp_path
     stop_daemon(state)
 
@@ -83,10 +97,117 @@ def cgroup_mode(request: pytest.FixtureRequest, isolated_hold: Path) -> str:
             Hierarchy.find()
         except CgroupUnavailable as e:
             pytest.skip(f"no writable cgroup v2 here: {e}")
-        (isolated_hold / "config.yaml").write_text("cgroups: required\n")
+        update_config(isolated_hold, cgroups="required")
     else:
-        (isolated_hold / "config.yaml").write_text("cgroups: off\n")
+        update_config(isolated_hold, cgroups="off")
     return mode
+
+
+# --------------------------------------------------------------------------
+# The configuration file, and the device nodes behind ``npu`` and ``gpu``.
+#
+# Nodes are character device nodes where this process may make them (root,
+# and no device cgroup in the way), regular files otherwise. A node's device
+# number is its identity machine-wide (the arbiters' locks are named by it),
+# so each node gets a (major, minor) that no driver here registers (a major
+# missing from /proc/devices, from the top of the 12-bit range) and that
+# another test, or another run of this suite, is most unlikely to draw (the
+# minor is random over 20 bits): nothing on the machine holds such a node,
+# and no other test's lease excludes it. Nobody can open one either (ENXIO):
+# a test that needs a holder uses a class of regular files (``fake``).
+# Regular files are unique by inode anyway.
+
+DEV_NODES = {"npu": ["accel0"], "gpu": ["nvidia0"]}
+GPU_SHARED = "nvidiactl"
+GPU_VISIBLE_ENV = ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
+
+
+def _registered_char_majors() -> set[int]:
+    out: set[int] = set()
+    try:
+        text = Path("/proc/devices").read_text()
+    except OSError:
+        return out
+    section = text.split("Block devices:")[0]
+    for line in section.splitlines():
+        first = line.split(maxsplit=1)[0] if line.strip() else ""
+        if first.isdigit():
+            out.add(int(first))
+    return out
+
+
+def _make_node(path: Path, rng: random.Random, taken: set[tuple[int, int]]) -> str:
+    """A node at ``path``, 0666: ``"chr"`` for a character node, ``"file"`` for a file."""
+    majors = [m for m in range(3072, 4096) if m not in _registered_char_majors()]
+    if os.geteuid() == 0 and majors:
+        num = (rng.choice(majors), rng.randrange(1 << 20))
+        while num in taken:
+            num = (rng.choice(majors), rng.randrange(1 << 20))
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(*num))
+        except OSError:
+            pass
+        else:
+            taken.add(num)
+            os.chmod(path, 0o666)  # not narrowed by the umask
+            return "chr"
+    path.write_bytes(b"")
+    os.chmod(path, 0o666)
+    return "file"
+
+
+def own_device_classes(base: Path) -> dict[str, dict[str, list[str]]]:
+    """``npu`` (one device) and ``gpu`` (one device and a shared control node) over
+    nodes in ``base/dev`` (made on first use; the directory may be traversed and
+    the nodes opened by anyone, for tests that run as another user)."""
+    d = base / "dev"
+    if not d.is_dir():
+        d.mkdir()
+        d.chmod(0o755)
+        rng, taken = random.SystemRandom(), set[tuple[int, int]]()
+        for name in [*DEV_NODES["npu"], *DEV_NODES["gpu"], GPU_SHARED]:
+            _make_node(d / name, rng, taken)
+    return {
+        "npu": {"nodes": [f"{d}/accel*"]},
+        "gpu": {
+            "nodes": [f"{d}/nvidia[0-9]*"],
+            "shared_nodes": [f"{d}/{GPU_SHARED}"],
+            "visible_env": list(GPU_VISIBLE_ENV),
+        },
+    }
+
+
+def write_config(
+    base: Path,
+    *,
+    cgroups: str = "auto",
+    devices: dict[str, Any] | None = None,
+    node_classes: bool = True,
+    **top: Any,
+) -> Path:
+    """Write ``base/config.yaml``: ``cgroups``, the test's own ``npu`` and ``gpu``
+    (unless ``node_classes`` is false), the classes in ``devices`` (which may
+    replace them), and any other top-level keys (``busy_devices="warn"``)."""
+    doc: dict[str, Any] = {"cgroups": cgroups}
+    classes = {**(own_device_classes(base) if node_classes else {}), **(devices or {})}
+    if classes:
+        doc["devices"] = classes
+    doc.update(top)
+    path = base / "config.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def update_config(base: Path, *, devices: dict[str, Any] | None = None, **top: Any) -> Path:
+    """Change ``base/config.yaml`` and keep the rest: classes in ``devices`` are
+    added (or replace one of the same name), other keys are set."""
+    path = base / "config.yaml"
+    doc: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    if devices:
+        doc["devices"] = {**(doc.get("devices") or {}), **devices}
+    doc.update(top)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 # --------------------------------------------------------------------------
@@ -98,12 +219,30 @@ def cgroup_mode(request: pytest.FixtureRequest, isolated_hold: Path) -> str:
 # "Left behind" is then exactly "a live descendant of pytest after the test",
 # and tests running in parallel elsewhere on the machine are never mistaken
 # for leaks (or killed).
+#
+# Cgroup leaves. ``hold`` makes a tree's leaf under the cgroup its own process
+# lives in (``Hierarchy.find().base``), and so does every other ``hold`` user
+# who lives in that cgroup too (another run of this suite, someone's job): a
+# leaf's name says nothing about who made it. So each test runs in a cgroup
+# of its own: pytest moves itself into a fresh child of its cgroup
+# (``pytest-PID-N``) for the test and back afterwards. A process enters a
+# cgroup only by being forked inside it or by an explicit move, so what lives
+# in the test's cgroup is pytest and its descendants, and every leaf made
+# there (by ``hold`` or the test itself, through ``Hierarchy.find()``) was
+# made by the test. The rule: the test's leaves are exactly the directories
+# in its own cgroup; they are counted, and removed, and nothing else on the
+# machine is looked at. Where pytest cannot make or enter such a cgroup, the
+# test's processes cannot make leaves either (the same write access is
+# needed), and there is nothing to check.
 
 
 def pytest_configure(config: pytest.Config) -> None:
     from supervisor.reaper import become_subreaper
 
     become_subreaper()
+    config.addinivalue_line(
+        "markers", "real_devices: keep the built-in device classes (the machine's own nodes)"
+    )
 
 
 def _live_descendants() -> list[procscan.Stat]:
@@ -123,33 +262,98 @@ def _reap_adopted_zombies() -> None:
                 pass
 
 
-def _leaves() -> set[str]:
-    """The cgroup leaves this project makes (``hold-*``) under our own cgroup."""
-    from supervisor.cgroup import CgroupUnavailable, Hierarchy
+_test_cgroups = itertools.count(1)
 
-    try:
-        base = Hierarchy.find().base
-    except CgroupUnavailable:
-        return set()
-    return {e.path for e in os.scandir(base) if e.name.startswith("hold-") and e.is_dir()}
+
+class TestCgroup:
+    """The cgroup one test runs in (a child of pytest's own), while it runs."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, parent: str, path: str) -> None:
+        self.parent, self.path = parent, path
+
+    @classmethod
+    def enter(cls) -> TestCgroup | None:
+        """Make a cgroup for this test and move pytest into it; None if it cannot be."""
+        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+
+        try:
+            parent = Hierarchy.find().base
+        except CgroupUnavailable:
+            return None
+        path = f"{parent}/pytest-{os.getpid()}-{next(_test_cgroups)}"
+        try:
+            os.mkdir(path)
+        except OSError:
+            return None
+        try:
+            _move_self(path)
+        except OSError:
+            os.rmdir(path)
+            return None
+        return cls(parent, path)
+
+    def leaves(self) -> set[str]:
+        """Every cgroup directly in the test's cgroup: each one the test made."""
+        try:
+            return {e.path for e in os.scandir(self.path) if e.is_dir(follow_symlinks=False)}
+        except FileNotFoundError:
+            return set()
+
+    def leave(self) -> str | None:
+        """Move pytest back and remove the test's cgroup; what went wrong, if anything."""
+        from supervisor.cgroup import Leaf
+
+        _move_self(self.parent)
+        own = Leaf(self.path)
+        if not own.wait_empty(2.0):
+            # Only the test's processes can be in it (see above).
+            own.kill()
+            own.wait_empty(2.0)
+        try:
+            own.remove(self.parent)
+        except (OSError, ValueError) as e:
+            return f"cannot remove the test's cgroup {self.path}: {e}"
+        return None
+
+
+def _move_self(cgroup: str) -> None:
+    with open(f"{cgroup}/cgroup.procs", "w") as f:
+        f.write(str(os.getpid()))
 
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind() -> Iterator[None]:
     before = {(st.pid, st.starttime) for st in _live_descendants()}
-    leaves_before = _leaves()
-    yield
-    _check_processes(before)
-    # A leaf left behind is a tree whose end nobody cleaned up.
+    cgroup = TestCgroup.enter()
+    try:
+        yield
+    finally:
+        # Back to pytest's cgroup whatever happens below (a failed check, too).
+        try:
+            _check_processes(before)
+            if cgroup is not None:
+                _check_leaves(cgroup)
+        finally:
+            trouble = cgroup.leave() if cgroup is not None else None
+    if trouble:
+        pytest.fail(trouble)
+
+
+def _check_leaves(cgroup: TestCgroup) -> None:
+    """A leaf left behind is a tree whose end nobody cleaned up: removed, and failed."""
+    from supervisor.cgroup import Leaf
+
     deadline = time.monotonic() + 2.0
-    left = _leaves() - leaves_before
+    left = cgroup.leaves()
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = _leaves() - leaves_before
+        left = cgroup.leaves()
     for path in left:
         try:
-            os.rmdir(path)
-        except OSError:
+            Leaf(path).remove(cgroup.path)
+        except (OSError, ValueError):
             pass
     if left:
         pytest.fail(f"test left {len(left)} cgroup leaf(s) behind: {sorted(left)}")
@@ -245,9 +449,24 @@ def other_user() -> str:
 
 
 @pytest.fixture(scope="session")
-def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -> Path:
-    """A world-readable directory holding ``hold``, ``supervisor`` and their dependencies."""
-    base = tmp_path_factory.mktemp("unpriv-runtime")
+def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -> Iterator[Path]:
+    """A world-readable directory holding ``hold``, ``supervisor`` and their dependencies.
+
+    Not under pytest's base directory: every pytest that starts on this machine
+    (another user's run, a test's child pytest) makes ``/tmp/pytest-of-root``
+    0700 again, and the unprivileged user could no longer reach the copy. (That
+    directory and the session's are still opened here, as they always were, for
+    tests that hand their ``tmp_path`` to the user without opening its parents.)
+    """
+    _open_to_all(tmp_path_factory.getbasetemp())
+    base = Path(tempfile.mkdtemp(prefix="hold-runtime-"))
+    try:
+        yield _fill_runtime(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _fill_runtime(base: Path) -> Path:
     site = Path(sysconfig.get_paths()["purelib"])
     for pkg in ("hold", "supervisor"):
         shutil.copytree(ROOT / pkg, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
@@ -256,12 +475,18 @@ def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -
         if src.is_dir():
             shutil.copytree(src, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(PROGS, base / "progs")
-    for p in [base, *base.parents]:
-        if p == Path("/"):
-            break
-        os.chmod(p, os.stat(p).st_mode | 0o055)
+    _open_to_all(base)
     subprocess.run(["chmod", "-R", "a+rX", str(base)], check=True)
     return base
+
+
+def _open_to_all(path: Path) -> None:
+    """Let anyone list and enter ``path`` and the directories above it."""
+    for p in [path, *path.parents]:
+        if p == Path("/"):
+            break
+        if os.stat(p).st_mode & 0o055 != 0o055:
+            os.chmod(p, os.stat(p).st_mode | 0o055)
 
 
 def unpriv_python() -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, PROGS, alive, as_user, unpriv_python, wait_for
+from conftest import HOLD, PROGS, alive, as_user, unpriv_python, update_config, wait_for
 
 from hold.tokens import read_record
 from supervisor import procscan
@@ -162,9 +162,7 @@ def fake_nodes(tmp_path: Path, count: int = 2) -> list[Path]:
     nodes = [d / f"fakedev{i}" for i in range(count)]
     for n in nodes:
         n.write_bytes(b"\0" * NODE_SIZE)
-    config = tmp_path / "config.yaml"
-    keep = config.read_text() if config.exists() else ""
-    config.write_text(keep + f'devices:\n  fake:\n    nodes: ["{d}/fakedev*"]\n')
+    update_config(tmp_path, devices={"fake": {"nodes": [f"{d}/fakedev*"]}})
     return nodes
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, wait_for
 
-pytestmark = pytest.mark.skipif(
-    not glob.glob("/dev/nvidia[0-9]*"), reason="no NVIDIA GPU on this machine"
-)
+pytestmark = [
+    pytest.mark.skipif(not glob.glob("/dev/nvidia[0-9]*"), reason="no NVIDIA GPU on this machine"),
+    pytest.mark.real_devices,  # the built-in gpu class: the machine's own GPUs
+]
 
 HOG_MIB = 1024
 

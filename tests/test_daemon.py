@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, PROGS, alive, as_user, daemon_pid, unpriv_python, wait_for
+import yaml
+from conftest import (
+    HOLD,
+    PROGS,
+    alive,
+    as_user,
+    daemon_pid,
+    unpriv_python,
+    wait_for,
+    write_config,
+)
 
 from hold.tokens import read_record
 from supervisor import procscan
@@ -104,11 +114,9 @@ def state_dir() -> Path:
 
 
 def configure(tmp_path: Path, devices: str = "", cgroups: str = "auto") -> None:
-    """Rewrite this test's configuration (``devices``: YAML under ``devices:``)."""
-    text = f"cgroups: {cgroups}\n"
-    if devices:
-        text += "devices:\n" + "".join(f"  {line}\n" for line in devices.splitlines())
-    (tmp_path / "config.yaml").write_text(text)
+    """Rewrite this test's configuration (``devices``: YAML under ``devices:``, beside
+    the test's own ``npu`` and ``gpu``)."""
+    write_config(tmp_path, cgroups=cgroups, devices=yaml.safe_load(devices) if devices else None)
 
 
 def fake_class(tmp_path: Path, name: str, count: int, cgroups: str = "auto") -> list[Path]:
@@ -583,7 +591,7 @@ def test_another_user_cannot_release_a_lease(
         state.chmod(0o755)
         work.mkdir()
         work.chmod(0o777)
-        config.write_text("cgroups: auto\nstate:\n  shared: true\n")
+        write_config(base, state={"shared": True})  # npu over nodes in base/dev
         config.chmod(0o644)
         env = {"HOLD_STATE_DIR": str(state), "HOLD_CONFIG": str(config)}
         daemon = clients.start([*HOLD, "daemon"], "daemon", env={**os.environ, **env})

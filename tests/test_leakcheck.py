@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import alive
+from conftest import alive, wait_for
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,18 +35,29 @@ def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
     assert not alive(int((tmp_path / "pid").read_text()))
 
 
-def test_leak_check_catches_a_cgroup_leaf(tmp_path: Path) -> None:
+def _need_cgroup() -> str:
+    """The cgroup this test runs in (its own, made by conftest), or skip."""
     from supervisor.cgroup import CgroupUnavailable, Hierarchy
 
     try:
-        Hierarchy.find()
+        return Hierarchy.find().base
     except CgroupUnavailable as e:
         pytest.skip(f"no writable cgroup v2 here: {e}")
+
+
+def _subgroups(path: str) -> set[str]:
+    return {e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)}
+
+
+def test_leak_check_catches_a_cgroup_leaf(tmp_path: Path) -> None:
+    here = _need_cgroup()
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_leaks.py").write_text(
+        "from pathlib import Path\n"
         "from supervisor.cgroup import Hierarchy\n"
         "def test_leaks():\n"
-        "    Hierarchy.find().create('hold-leakcheck0001')\n"
+        "    leaf = Hierarchy.find().create('hold-leakcheck0001')\n"
+        f"    Path({str(tmp_path / 'leaf')!r}).write_text(leaf.path)\n"
     )
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
@@ -54,6 +65,60 @@ def test_leak_check_catches_a_cgroup_leaf(tmp_path: Path) -> None:
     )  # fmt: skip
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
-    assert "cgroup leaf(s) behind" in out and "hold-leakcheck0001" in out, out
-    # ...and it was removed, not just reported.
-    assert not os.path.exists(os.path.join(Hierarchy.find().base, "hold-leakcheck0001"))
+    assert "left 1 cgroup leaf(s) behind" in out and "hold-leakcheck0001" in out, out
+    # ...and it was removed, not just reported, with the child's own cgroup.
+    assert not os.path.exists((tmp_path / "leaf").read_text())
+    assert _subgroups(here) == set()
+
+
+def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path: Path) -> None:
+    """While a child pytest runs, another ``hold`` user living in the same cgroup
+    (this test, which is no descendant of the child) makes a leaf where its own
+    ``hold`` would: beside the child pytest, under the cgroup it was started in.
+    The child's check passes a test that made no leaf, fails one that did (naming
+    that leaf alone), and leaves the other user's (empty) leaf where it is."""
+    from supervisor.cgroup import Hierarchy
+
+    here = _need_cgroup()
+    ready, made = tmp_path / "ready", tmp_path / "made"
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_others.py").write_text(
+        "import time\n"
+        "from pathlib import Path\n"
+        "from supervisor.cgroup import Hierarchy\n"
+        "def test_1_meanwhile_someone_else_makes_a_leaf():\n"
+        f"    Path({str(ready)!r}).write_text(Hierarchy.find().base)\n"
+        "    deadline = time.monotonic() + 20\n"
+        f"    while not Path({str(made)!r}).exists():\n"
+        "        assert time.monotonic() < deadline, 'the other leaf never came'\n"
+        "        time.sleep(0.01)\n"
+        "def test_2_and_this_one_leaves_its_own():\n"
+        "    Hierarchy.find().create('hold-mine0002')\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    other = None
+    try:
+        wait_for(ready.exists, 30, what="the child's first test")
+        # The child's test runs in a cgroup of its own, below ours.
+        assert os.path.dirname(ready.read_text()) == here
+        other = Hierarchy(here).create("hold-someoneelse0001")
+        made.write_text("")
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 1, out
+        # The check fails the second test at its teardown, and only that one...
+        assert "2 passed, 1 error" in out, out
+        assert "ERROR test_others.py::test_2_and_this_one_leaves_its_own" in out, out
+        # ...counting only its own leaf...
+        assert "left 1 cgroup leaf(s) behind" in out and "hold-mine0002" in out, out
+        assert "hold-someoneelse0001" not in out, out
+        # ...the other user's is still there, and nothing of the child's is.
+        assert _subgroups(here) == {"hold-someoneelse0001"}
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if other is not None:
+            os.rmdir(other.path)

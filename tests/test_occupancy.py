@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, alive, wait_for
+from conftest import HOLD, alive, update_config, wait_for
 
 PY = sys.executable
 # Holds the file open (descriptor 3) until killed, and says so.
@@ -29,9 +29,7 @@ def fake(isolated_hold: Path) -> list[Path]:
     nodes = [isolated_hold / f"fakedev{i}" for i in range(2)]
     for n in nodes:
         n.write_bytes(b"\0" * 16)
-    (isolated_hold / "config.yaml").write_text(
-        f'cgroups: auto\ndevices:\n  fake:\n    nodes: ["{isolated_hold}/fakedev*"]\n'
-    )
+    update_config(isolated_hold, devices={"fake": {"nodes": [f"{isolated_hold}/fakedev*"]}})
     return nodes
 
 
@@ -130,11 +128,9 @@ def test_an_allowed_holder_neither_blocks_a_grant_nor_is_stray(
     # A root process of a configured executable (a persistence daemon, say)
     # keeps the node open; another executable doing the same is still stray.
     sleep = os.path.realpath(shutil.which("sleep") or "/bin/sleep")
-    config = isolated_hold / "config.yaml"
-    config.write_text(config.read_text().replace(
-        f'nodes: ["{isolated_hold}/fakedev*"]',
-        f'nodes: ["{isolated_hold}/fakedev*"]\n    allowed_holders: ["{sleep}"]',
-    ))  # fmt: skip
+    update_config(isolated_hold, devices={
+        "fake": {"nodes": [f"{isolated_hold}/fakedev*"], "allowed_holders": [sleep]},
+    })  # fmt: skip
     daemonish = subprocess.Popen(["sh", "-c", f'exec {sleep} 600 3<"{fake[0]}"'])
     procs.append(daemonish)  # type: ignore[arg-type]
     wait_for(lambda: os.path.realpath(f"/proc/{daemonish.pid}/exe") == sleep, 10)
