@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from supervisor.parse import BadValue
+from supervisor.parse import BadValue, did_you_mean
 
 CGROUP_MODES = ("auto", "off", "required")
 BUSY_MODES = ("wait", "warn")
@@ -68,14 +68,26 @@ def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:
     return parse_file(path)
 
 
-def parse_file(path: str) -> Config:
-    import yaml  # only here: see the module docstring
+TOP_KEYS = ("busy_devices", "cgroups", "compat", "devices", "state")
+# What people type for our keys (from other tools, or by habit).
+SYNONYMS = {
+    "cgroup": "cgroups", "cgroup_mode": "cgroups", "use_cgroups": "cgroups",
+    "device": "devices", "classes": "devices", "device_classes": "devices",
+    "busy": "busy_devices", "on_busy": "busy_devices", "busy_device": "busy_devices",
+    "home_tokens": "compat", "shared": "state", "shared_state": "state",
+}  # fmt: skip
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            root = yaml.compose(f, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        raise BadValue("configuration", path, f"valid YAML ({e})") from None
+
+def parse_file(path: str) -> Config:
+    """The configuration in ``path``, every value checked (:class:`BadValue` with file:line).
+
+    Read by :mod:`supervisor.yamlsafe` (bounded depth, size and aliases,
+    strict UTF-8, duplicate keys refused), so nothing in it can make a
+    command run long, grow large or fail after the daemon was asked.
+    """
+    from supervisor.yamlsafe import load_file
+
+    root = load_file(path)
     if root is None:
         return Config(path=path)
     top = _mapping(root, path, "the top level")
@@ -83,25 +95,20 @@ def parse_file(path: str) -> Config:
     for key, (knode, vnode) in top.items():
         where = f"{path}:{knode.start_mark.line + 1}"
         if key == "cgroups":
-            mode = _scalar(vnode, path)
-            if mode not in CGROUP_MODES:
-                raise BadValue("cgroups", mode, "one of " + ", ".join(CGROUP_MODES), where)
-            values["cgroups"] = mode
+            values["cgroups"] = _choice(vnode, path, "cgroups", CGROUP_MODES)
         elif key == "compat":
             values["home_tokens"] = _flag(vnode, path, "compat", "home_tokens")
         elif key == "state":
             values["shared_state"] = _flag(vnode, path, "state", "shared")
         elif key == "busy_devices":
-            mode = _scalar(vnode, path)
-            if mode not in BUSY_MODES:
-                raise BadValue("busy_devices", mode, "one of " + ", ".join(BUSY_MODES), where)
-            values["busy_devices"] = mode
+            values["busy_devices"] = _choice(vnode, path, "busy_devices", BUSY_MODES)
         elif key == "devices":
             values["devices"] = vnode
         else:
             raise BadValue(
-                "key", key, "one of busy_devices, cgroups, compat, devices, state", where
-            )
+                "key", key, "one of " + ", ".join(TOP_KEYS) + did_you_mean(key, TOP_KEYS, SYNONYMS),
+                where,
+            )  # fmt: skip
     # The device classes are checked now, whoever reads the file: a typo
     # there is the same error (file:line) for every command, not only those
     # that name a device.
@@ -111,13 +118,22 @@ def parse_file(path: str) -> Config:
     return Config(**values)
 
 
+def _choice(node: Any, path: str, what: str, accepted: tuple[str, ...]) -> str:
+    # The text as written: `cgroups: off` is YAML 1.1's false, and means off.
+    text = _scalar(node, path)
+    if text not in accepted:
+        raise BadValue(what, text, "one of " + ", ".join(accepted) + did_you_mean(text, accepted),
+                       f"{path}:{node.start_mark.line + 1}")  # fmt: skip
+    return text
+
+
 def _flag(node: Any, path: str, section: str, name: str) -> bool:
     """``section: {name: true|false}``, the one key such a section has."""
     value = False
     for key, (knode, vnode) in _mapping(node, path, section).items():
         where = f"{path}:{knode.start_mark.line + 1}"
         if key != name:
-            raise BadValue(f"key {section}.", key, name, where)
+            raise BadValue(f"key {section}.", key, name + did_you_mean(key, (name,)), where)
         text = _scalar(vnode, path)
         if text not in ("true", "false"):
             raise BadValue(f"{section}.{name}", text, "true or false", where)
@@ -126,18 +142,14 @@ def _flag(node: Any, path: str, section: str, name: str) -> bool:
 
 
 def _mapping(node: Any, path: str, what: str) -> dict[str, tuple[Any, Any]]:
+    """A mapping's keys (each once: the reader refused duplicates) with their nodes."""
     import yaml
 
     where = f"{path}:{node.start_mark.line + 1}"
     if not isinstance(node, yaml.MappingNode):
-        raise BadValue(what, node.value if hasattr(node, "value") else node, "a mapping", where)
-    out: dict[str, tuple[Any, Any]] = {}
-    for k, v in node.value:
-        key = _scalar(k, path)
-        if key in out:
-            raise BadValue("duplicate key", key, "each key once", f"{path}:{k.start_mark.line + 1}")
-        out[key] = (k, v)
-    return out
+        shown = node.value if isinstance(node, yaml.ScalarNode) else "(a list)"
+        raise BadValue(what, shown, "a mapping", where)
+    return {_scalar(k, path): (k, v) for k, v in node.value}
 
 
 def _scalar(node: Any, path: str) -> str:

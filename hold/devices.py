@@ -15,7 +15,7 @@ import re
 import stat
 from typing import Any, NamedTuple
 
-from supervisor.parse import BadValue
+from supervisor.parse import BadValue, did_you_mean
 
 
 class DeviceClass(NamedTuple):
@@ -130,12 +130,28 @@ DEFAULT_CLASSES: dict[str, DeviceClass] = {
     ),
 }
 
-_CLASS_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_CLASS_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}", re.ASCII)
 _KEYS = ("nodes", "shared_nodes", "visible_env", "allowed_holders")
+# What people type for a class's keys.
+_SYNONYMS = {
+    "node": "nodes", "devices": "nodes", "paths": "nodes", "device_nodes": "nodes",
+    "shared": "shared_nodes", "control_nodes": "shared_nodes", "env": "visible_env",
+    "environment": "visible_env", "visible_devices": "visible_env", "variables": "visible_env",
+    "holders": "allowed_holders", "allowed": "allowed_holders", "allow": "allowed_holders",
+}  # fmt: skip
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+# Variables hold sets itself for every command: a class may not name them.
+_OWN_ENV = ("PATH", "CUDA_DEVICE_ORDER")
 
 
 def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
-    """The defaults, with classes from the configuration's ``devices:`` replacing them."""
+    """The defaults, with classes from the configuration's ``devices:`` replacing them.
+
+    Every value is checked here, with its file:line, before any command asks
+    the daemon for anything: a class name, its keys (a "did you mean" for an
+    unknown one), node patterns and holders (absolute, normalised, no control
+    characters), variable names (``[A-Za-z_][A-Za-z0-9_]*``, none of hold's own).
+    """
     out = dict(DEFAULT_CLASSES)
     if node is None:
         return out
@@ -150,32 +166,36 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
         name = str(knode.value)
         if not _CLASS_NAME.fullmatch(name):
             raise BadValue("device class name", name,
-                           "lower-case letters, digits and _, starting with a letter",
-                           where(knode))  # fmt: skip
+                           "lower-case letters, digits and _, starting with a letter, "
+                           "at most 32 characters", where(knode))  # fmt: skip
         if not isinstance(vnode, yaml.MappingNode):
             raise BadValue(
                 f"devices.{name}",
                 "(not a mapping)",
-                "a mapping with nodes, shared_nodes, visible_env",
+                "a mapping with nodes, shared_nodes, visible_env, allowed_holders",
                 where(vnode),
             )
         fields: dict[str, tuple[str, ...]] = {}
         for fk, fv in vnode.value:
             key = str(fk.value)
             if key not in _KEYS:
-                raise BadValue(f"key devices.{name}.", key, "one of " + ", ".join(_KEYS),
+                raise BadValue(f"key devices.{name}.", key,
+                               "one of " + ", ".join(_KEYS) + did_you_mean(key, _KEYS, _SYNONYMS),
                                where(fk))  # fmt: skip
-            if not isinstance(fv, yaml.SequenceNode) or not all(
-                isinstance(i, yaml.ScalarNode) for i in fv.value
-            ):
+            if not isinstance(fv, yaml.SequenceNode):
                 raise BadValue(f"devices.{name}.{key}", "(not a list)", "a list of strings",
                                where(fv))  # fmt: skip
-            items = tuple(str(i.value) for i in fv.value)
-            for item in items:
-                if key != "visible_env" and not os.path.isabs(item):
-                    raise BadValue(f"devices.{name}.{key}", item, "an absolute path pattern",
-                                   where(fv))  # fmt: skip
-            fields[key] = items
+            items: list[str] = []
+            for inode in fv.value:
+                if not isinstance(inode, yaml.ScalarNode):
+                    raise BadValue(f"devices.{name}.{key}", "(a list or mapping)",
+                                   "a list of strings", where(inode))  # fmt: skip
+                item = str(inode.value)
+                why = _item_problem(key, item)
+                if why:
+                    raise BadValue(f"devices.{name}.{key}", item, why, where(inode))
+                items.append(item)
+            fields[key] = tuple(items)
         if "nodes" not in fields:
             raise BadValue(f"devices.{name}", "(no nodes)", "a class needs nodes: [...]",
                            where(vnode))  # fmt: skip
@@ -183,20 +203,48 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
     return out
 
 
+def _item_problem(key: str, item: str) -> str | None:
+    """Why one item of a class's list is refused, or None."""
+    if key == "visible_env":
+        if not _ENV_NAME.fullmatch(item):
+            return "a variable name: letters, digits and _, not starting with a digit"
+        if item.startswith("HOLD_") or item in _OWN_ENV:
+            return "a variable hold does not set itself (not HOLD_*, " + ", ".join(_OWN_ENV) + ")"
+        return None
+    what = "an absolute path" if key == "allowed_holders" else "an absolute path pattern"
+    if any(ord(c) < 32 or ord(c) == 127 for c in item):
+        return f"{what} without control characters"
+    if not item.startswith("/"):
+        return what
+    if "/../" in item + "/" or "/./" in item + "/" or "//" in item or item.endswith("/"):
+        return f"{what}, normalised (no '.', '..' or empty components, no trailing /)"
+    return None
+
+
+_INDICES = re.compile(r"[0-9]{1,6}(?:,[0-9]{1,6})*", re.ASCII)
+
+
 def parse_device_spec(
     text: str, classes: dict[str, DeviceClass], *, what: str = "--device"
 ) -> tuple[str, tuple[int, ...] | None]:
-    """``gpu`` or ``gpu:0,2`` -> ``("gpu", None)`` / ``("gpu", (0, 2))``."""
+    """``gpu`` or ``gpu:0,2`` -> ``("gpu", None)`` / ``("gpu", (0, 2))``.
+
+    Strict: ASCII digits only (``int()`` would take ``+1``, `` 1`` and other
+    scripts' digits), each index once, each one a device of the class here.
+    """
     name, sep, rest = text.partition(":")
     if name not in classes:
-        raise BadValue(what, text, "a device class: " + ", ".join(sorted(classes)))
+        raise BadValue(what, text, "a device class: " + ", ".join(sorted(classes))
+                       + did_you_mean(name, sorted(classes)))  # fmt: skip
     if not sep:
         return name, None
     count = classes[name].size()
-    try:
-        indices = tuple(sorted({int(i) for i in rest.split(",")}))
-    except ValueError:
-        raise BadValue(what, text, f"CLASS:INDEX[,INDEX...] with indices 0-{count - 1}") from None
-    if not indices or any(i < 0 or i >= count for i in indices):
+    if not _INDICES.fullmatch(rest):
+        raise BadValue(what, text, f"CLASS:INDEX[,INDEX...] with indices 0-{count - 1}")
+    listed = [int(i) for i in rest.split(",")]
+    if len(set(listed)) != len(listed):
+        raise BadValue(what, text, "each index once")
+    indices = tuple(sorted(listed))
+    if any(i >= count for i in indices):
         raise BadValue(what, text, f"indices 0-{count - 1} ({name} has {count} here)")
     return name, indices

@@ -136,7 +136,9 @@ def split_options(
             return out, argv[i:]
         name, eq, value = arg.partition("=") if arg.startswith("--") else (arg[:2], "", arg[2:])
         if name not in by_name:
-            raise UsageError(f"no such option: {name}")
+            from supervisor.parse import did_you_mean
+
+            raise UsageError(f"no such option: {name}{did_you_mean(name, list(by_name))}")
         long, meta = by_name[name]
         if meta is None:
             if eq or value:

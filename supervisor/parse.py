@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
+
+# A value quoted in a message is cut to this many characters (its repr), with
+# its full length said: a message names the value, it does not echo a megabyte.
+MAX_SHOWN = 120
 
 
 class BadValue(ValueError):
@@ -19,7 +24,39 @@ class BadValue(ValueError):
         self.accepted = accepted
         self.where = where
         loc = f"{where}: " if where else ""
-        super().__init__(f"{loc}{what} {value!r} is not valid: {accepted}")
+        super().__init__(f"{loc}{what} {shorten(value)} is not valid: {accepted}")
+
+
+def shorten(value: object, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)``, cut to ``limit`` characters (saying how long it was) if longer."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
+    return text[: limit - 3] + "..." + size
+
+
+def did_you_mean(
+    word: str, accepted: Iterable[str], synonyms: Mapping[str, str] | None = None
+) -> str:
+    """``"; did you mean 'cmd'?"`` for a close or usual other name of an accepted one, else ``""``.
+
+    ``synonyms`` maps what users of other tools type (``depends_on``,
+    ``command``) to our name; otherwise the closest accepted names by spelling.
+    """
+    accepted = list(accepted)
+    if synonyms:
+        for cand in (word, word.lower(), word.lower().replace("-", "_")):
+            ours = synonyms.get(cand)
+            if ours is not None and ours in accepted:
+                return f"; did you mean {ours!r}?"
+    import difflib  # only on this error path
+
+    close = difflib.get_close_matches(word, accepted, n=1)
+    if not close:
+        lower = difflib.get_close_matches(word.lower(), [a.lower() for a in accepted], n=1)
+        close = [a for a in accepted if a.lower() in lower][:1]
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 # re.ASCII: a str pattern's \d also matches other scripts' digits ("\u0665"), and

@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from supervisor.environ import check_name
-from supervisor.parse import BadValue, parse_cpus, parse_duration
+from supervisor.parse import BadValue, did_you_mean, parse_cpus, parse_duration
 from supervisor.stackctl import STACK_NAME
 
 READY_KINDS = ("http", "tcp", "log", "exec", "file")
@@ -44,6 +44,54 @@ ARG_TYPES = ("int", "float", "str", "bool")
 SERVICE_ONLY = ("port", "ready", "restart", "after")
 TASK_ONLY = ("timeout", "concurrency", "args")
 RESTART_POLICIES = ("no", "on-failure", "always")
+MAX_ERRORS = 100  # listed in one refusal; the rest are counted
+
+# For an unknown key: what users of process-compose, docker-compose and
+# systemd type for ours (by model; a close spelling is found by difflib).
+SYNONYMS: dict[str, dict[str, str]] = {
+    "StackSpec": {
+        "services": "units", "processes": "units", "programs": "units", "project": "name",
+        "project_name": "name", "ticket": "hold", "lease": "hold", "device": "hold",
+    },
+    "UnitSpec": {
+        "command": "cmd", "exec": "cmd", "execstart": "cmd", "exec_start": "cmd",
+        "entrypoint": "cmd", "argv": "cmd", "depends_on": "after", "requires": "after",
+        "wants": "after", "needs": "after", "dependencies": "after",
+        "environment": "env", "envs": "env", "vars": "env", "passenvironment": "pass_env",
+        "pass_environment": "pass_env", "inherit_env": "pass_env", "ports": "port",
+        "readiness_probe": "ready", "readiness": "ready", "healthcheck": "ready",
+        "health_check": "ready", "liveness_probe": "ready", "restart_policy": "restart",
+        "availability": "restart", "stop_signal": "stop", "killsignal": "stop",
+        "shutdown": "stop", "cpuset": "cpus", "cpu_set": "cpus", "cpuset_cpus": "cpus",
+        "cpu": "cpus", "cpuaffinity": "cpus", "affinity": "cpus", "type": "kind",
+        "parallelism": "concurrency", "max_parallel": "concurrency",
+    },
+    "ReadySpec": {
+        "http_get": "http", "httpget": "http", "path": "http", "url": "http",
+        "tcp_socket": "tcp", "port": "tcp", "command": "exec", "cmd": "exec",
+        "log_line": "log", "log_pattern": "log", "pattern": "log", "regex": "log",
+        "path_exists": "file", "timeout_seconds": "timeout", "timeoutstartsec": "timeout",
+    },
+    "RestartSpec": {
+        "max_restarts": "max", "retries": "max", "restarts": "max", "backoff_seconds": "backoff",
+        "restartsec": "backoff", "delay": "backoff", "restart": "policy", "condition": "policy",
+        "mode": "policy",
+    },
+    "StopSpec": {
+        "timeout": "grace", "timeout_seconds": "grace", "timeoutstopsec": "grace",
+        "kill_timeout": "grace", "stop_grace_period": "grace", "grace_period": "grace",
+        "killsignal": "signal", "stop_signal": "signal",
+    },
+    "HoldSpec": {
+        "class": "device", "devices": "device", "time": "ttl", "timeout": "ttl",
+        "duration": "ttl", "limit": "ttl", "description": "label", "comment": "label",
+    },
+    "ArgSpec": {
+        "kind": "type", "minimum": "min", "maximum": "max", "maxlength": "max_len",
+        "max_length": "max_len", "enum": "choices", "values": "choices",
+        "mandatory": "required",
+    },
+}  # fmt: skip
 
 _UNIT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)
 _ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}", re.ASCII)
@@ -516,25 +564,16 @@ def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None =
     ``extra_check`` adds the caller's checks (:mod:`hold` checks the device
     class and label of ``hold:``); their problems are reported with the rest.
     """
-    import yaml  # only here: the rest of the supervisor does not need it
+    from supervisor import yamlsafe  # only here: the rest of the supervisor needs no YAML
 
     shown = path
-    if text is None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise StackFileError([f"{shown}: cannot read the stack file: {e.strerror}"]) from None
-        except UnicodeDecodeError as e:
-            raise StackFileError([f"{shown}: not UTF-8 text: {e.reason}"]) from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        raise StackFileError([f"{shown}:{line}: not valid YAML: {e.problem or e}"]) from None
-    except yaml.YAMLError as e:
-        raise StackFileError([f"{shown}: not valid YAML: {e}"]) from None
+        if text is None:
+            root = yamlsafe.load_file(path, shown=shown)
+        else:
+            root = yamlsafe.compose(text, shown)
+    except yamlsafe.YamlError as e:
+        raise StackFileError(e.lines) from None
     if root is None:
         raise StackFileError([f"{shown}:1: the file is empty: a stack needs name and units"])
 
@@ -568,6 +607,8 @@ def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None =
             if text_ not in seen:
                 seen.add(text_)
                 out.append(text_)
+        if len(out) > MAX_ERRORS:
+            out[MAX_ERRORS:] = [f"{shown}: ... and {len(out) - MAX_ERRORS} more problems"]
         raise StackFileError(out)
     assert spec is not None
     return spec
@@ -576,29 +617,40 @@ def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None =
 def _plain(
     node: Any, path: Path, lines: dict[Path, int], shown: str, errors: list[tuple[int, str]]
 ) -> Any:
-    """The composed YAML as plain data, recording each key's line in ``lines``."""
+    """The composed YAML as plain data, recording each key's line in ``lines``.
+
+    The reader bounded the depth and the size with aliases expanded, and
+    refused duplicate and non-scalar keys, so this recursion is bounded.
+    """
     import yaml
+
+    from supervisor.yamlsafe import scalar_value
 
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for knode, vnode in node.value:
-            line = knode.start_mark.line + 1
-            if not isinstance(knode, yaml.ScalarNode):
-                errors.append(
-                    (line, f"{_dotted(path) or 'top level'}: a key must be a plain value")
-                )
-                continue
-            key = knode.value
-            if key in out:
-                errors.append((line, f"{_dotted((*path, key))}: duplicate key (each key once)"))
-                continue
-            lines[(*path, key)] = line
+            key = str(knode.value)
+            lines[(*path, key)] = knode.start_mark.line + 1
             out[key] = _plain(vnode, (*path, key), lines, shown, errors)
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_plain(v, (*path, i), lines, shown, errors) for i, v in enumerate(node.value)]
-    return yaml.constructor.SafeConstructor().construct_object(node)
+    value = scalar_value(node)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and _as_written(path):
+        # A number in a command or a variable is the text written: YAML 1.1
+        # would make `010` 8, `1:30` 90 and `1_000` 1000.
+        return str(node.value)
+    return value
+
+
+def _as_written(path: Path) -> bool:
+    """Is ``path`` an argument of a command or a variable's value (see :func:`_arg`)?"""
+    if len(path) < 4 or path[0] != "units":
+        return False
+    return (len(path) == 4 and path[2] in ("cmd", "env")) or (
+        len(path) == 5 and path[2:4] == ("ready", "exec")
+    )
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
@@ -636,18 +688,20 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return models.get(key)
 
 
-def _accepted(parent: tuple[Any, ...]) -> str:
+def _accepted(parent: tuple[Any, ...], key: str = "") -> str:
+    """``accepted: a, b, c`` at ``parent``, and a "did you mean" for ``key`` if one fits."""
     model = _model_at(parent)
     if model is None:
         return "no keys here"
     names = list(model.model_fields)
-    return "accepted: " + ", ".join(names)
+    hint = did_you_mean(key, names, SYNONYMS.get(model.__name__)) if key else ""
+    return "accepted: " + ", ".join(names) + hint
 
 
 def _message(err: Any, loc: tuple[Any, ...]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
-        return "unknown key; " + _accepted(loc[:-1])
+        return "unknown key; " + _accepted(loc[:-1], str(loc[-1]) if loc else "")
     if kind == "missing":
         return "missing (required)"
     if kind == "value_error":

@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from supervisor.parse import BadValue, allowed_cpus, format_cpus, parse_cpus, parse_duration
+from supervisor.parse import (
+    MAX_SHOWN,
+    BadValue,
+    allowed_cpus,
+    did_you_mean,
+    format_cpus,
+    parse_cpus,
+    parse_duration,
+    shorten,
+)
 
 # --------------------------------------------------------------------------
 # Durations
@@ -200,3 +209,39 @@ def test_format_parse_round_trip() -> None:
         text = format_cpus(cpus)
         assert parse_cpus(text, allowed=universe) == cpus, text
         assert format_cpus(parse_cpus(text, allowed=universe)) == text
+
+
+# --------------------------------------------------------------------------
+# Messages: a value is named, never echoed whole; unknown names get a suggestion.
+
+
+def test_a_long_value_is_cut_in_the_message_and_kept_whole() -> None:
+    long = "x" * 10_000
+    e = BadValue("label", long, "at most 200 characters", "f.yaml:3")
+    text = str(e)
+    assert text.startswith("f.yaml:3: label 'xxxx")
+    assert "... (10000 characters) is not valid: at most 200 characters" in text
+    assert len(text) < MAX_SHOWN + 100
+    assert e.value == long
+    assert shorten("short") == "'short'"
+    assert shorten(12345) == "12345"
+
+
+@pytest.mark.parametrize(
+    ("word", "accepted", "synonyms", "hint"),
+    [
+        ("--cpu", ["--cpus", "--count", "--time"], None, "; did you mean '--cpus'?"),
+        ("--lable", ["--label", "--time"], None, "; did you mean '--label'?"),
+        ("command", ["cmd", "env", "after"], {"command": "cmd"}, "; did you mean 'cmd'?"),
+        ("depends_on", ["cmd", "env", "after"], {"depends_on": "after"}, "; did you mean 'after'?"),
+        ("Depends-On", ["cmd", "env", "after"], {"depends_on": "after"}, "; did you mean 'after'?"),
+        ("CMD", ["cmd", "env", "after"], None, "; did you mean 'cmd'?"),
+        # A synonym for a name not accepted here suggests nothing from the table.
+        ("command", ["http", "tcp"], {"command": "cmd"}, ""),
+        ("zzzz", ["cmd", "env"], None, ""),
+    ],
+)
+def test_did_you_mean(
+    word: str, accepted: list[str], synonyms: dict[str, str] | None, hint: str
+) -> None:
+    assert did_you_mean(word, accepted, synonyms) == hint

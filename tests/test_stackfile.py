@@ -280,3 +280,92 @@ units:
     assert res.returncode == 127, res.stderr
     assert f"{path}:6: units.b.cmd: no-such-program-here: command not found" in res.stderr
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------
+# The strict reader's refusals, and what people of other tools type.
+
+
+def test_unknown_keys_get_a_did_you_mean(tmp_path: Path) -> None:
+    errs = errors_of(
+        """\
+name: x
+services: {}
+units:
+  a:
+    command: [a]
+    depends_on: [b]
+    environment: {A: b}
+    restart: {policy: always, max_restarts: 3}
+    stop: {timeout: 5s}
+    ready: {file: x, timout: 1s}
+  b: {cmd: [b], cpu: "0"}
+""",
+        tmp_path,
+    )
+    text = "\n".join(errs)
+    for line, key, ours in [
+        (2, "services", "units"),
+        (5, "units.a.command", "cmd"),
+        (6, "units.a.depends_on", "after"),
+        (7, "units.a.environment", "env"),
+        (8, "units.a.restart.max_restarts", "max"),
+        (9, "units.a.stop.timeout", "grace"),
+        (10, "units.a.ready.timout", "timeout"),
+        (11, "units.b.cpu", "cpus"),
+    ]:
+        assert any(
+            e.startswith(f"{line}: {key}: unknown key; accepted: ")
+            and e.endswith(f"; did you mean {ours!r}?")
+            for e in errs
+        ), f"{key} -> {ours} not in:\n{text}"
+
+
+def test_every_synonym_names_a_key_of_its_model() -> None:
+    from supervisor import stackfile
+
+    for model, table in stackfile.SYNONYMS.items():
+        fields = getattr(stackfile, model).model_fields
+        for theirs, ours in table.items():
+            assert ours in fields, (model, theirs, ours)
+            assert theirs not in fields, (model, theirs)
+            assert theirs == theirs.lower().replace("-", "_"), theirs
+
+
+def test_duplicate_keys_name_both_lines(tmp_path: Path) -> None:
+    errs = errors_of("name: x\nunits:\n  a:\n    cmd: [a]\n    cmd: [b]\nname: y\n", tmp_path)
+    path = tmp_path / "stack.yaml"
+    assert errs == [
+        f"5: units.a.cmd: duplicate key 'cmd', first at {path}:4 (each key once)",
+        f"6: name: duplicate key 'name', first at {path}:1 (each key once)",
+    ]
+
+
+def test_a_number_in_a_command_is_the_text_written(tmp_path: Path) -> None:
+    path = tmp_path / "stack.yaml"
+    path.write_text(
+        "name: x\nunits:\n  a:\n    cmd: [sleep, 010, 1:30, 1_000, 0x10, 2.50, 7]\n"
+        "    env: {A: 010}\n    ready: {exec: [check, 0o7]}\n"
+    )
+    unit = load(str(path)).units["a"]
+    # YAML 1.1 would have made these 8, 90, 1000, 16 and 2.5.
+    assert unit.cmd == ("sleep", "010", "1:30", "1_000", "0x10", "2.50", "7")
+    assert unit.env == {"A": "010"}
+    assert unit.ready is not None and unit.ready.exec == ("check", "0o7")
+
+
+def test_a_date_is_text_and_a_python_tag_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "stack.yaml"
+    path.write_text("name: x\nunits:\n  a: {cmd: [backup, 2024-01-01]}\n")
+    assert load(str(path)).units["a"].cmd == ("backup", "2024-01-01")
+    errs = errors_of("name: x\nunits:\n  a: {cmd: [!!python/name:os.system x]}\n", tmp_path)
+    assert errs[0].startswith("3: units.a.cmd[0]: the tag 'tag:yaml.org,2002:python/name:")
+
+
+def test_the_number_of_errors_listed_is_bounded(tmp_path: Path) -> None:
+    from supervisor.stackfile import MAX_ERRORS
+
+    body = "".join(f"  u{i}: {{cmd: [x], kind: job}}\n" for i in range(300))
+    errs = errors_of("name: x\nunits:\n" + body, tmp_path)
+    assert len(errs) == MAX_ERRORS + 1
+    assert errs[-1] == f" ... and {300 - MAX_ERRORS} more problems"
