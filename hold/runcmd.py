@@ -244,6 +244,10 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
             if spec[1] is not None and args.count is not None and args.count != len(spec[1]):
                 raise BadValue("-n/--count", str(args.count),
                                f"the number of indices in --device {args.device}")  # fmt: skip
+            size = classes[spec[0]].size()
+            if args.count is not None and args.count > size:
+                raise BadValue("-n/--count", str(args.count),
+                               f"at most {size}: {spec[0]} has {size} device(s) here")  # fmt: skip
         from hold.statedir import open_state_dir
 
         sd = open_state_dir()
@@ -368,6 +372,8 @@ class Run:
                 return 2
             fg.hierarchy = None
             leaf = fg.prepare()
+        if args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
+            self.say(fg.walk_note(self.cgroups))
         try:
             if client is not None and (leaf is not None or self.spec is None):
                 tree["leaf"] = leaf.path if leaf else None

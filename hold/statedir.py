@@ -88,6 +88,13 @@ def system_serves() -> bool:
 def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> str:
     explicit = environ.get("HOLD_STATE_DIR")
     if explicit:
+        # Ours to create, write and delete in: never a relative path (it would
+        # move with the caller's directory) nor one that is not a directory of
+        # its own (``/``, ``/tmp/..``).
+        parts = explicit.split("/")
+        if not explicit.startswith("/") or ".." in parts or os.path.normpath(explicit) == "/":
+            raise BadValue("HOLD_STATE_DIR", explicit,
+                           "an absolute path of a directory of its own (not /, no ..)")  # fmt: skip
         return explicit
     if os.geteuid() == 0 or system_serves():
         return SYSTEM_DIR

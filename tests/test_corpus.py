@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
 from conftest import HOLD, stop_daemon
 
 from supervisor.parse import BadValue, allowed_cpus
@@ -232,6 +231,12 @@ ARGV_ROWS = [
         env={"HOLD_CONFIG": "/nonexistent/config.yaml"}),
     Row("config-relative", run(), ["HOLD_CONFIG 'config.yaml' is not valid"],
         env={"HOLD_CONFIG": "config.yaml"}),
+    # A state directory that is not a directory of its own: never written in.
+    Row("state-root", run(), ["HOLD_STATE_DIR '/' is not valid"], env={"HOLD_STATE_DIR": "/"}),
+    Row("state-relative", run(), ["HOLD_STATE_DIR 'state' is not valid"],
+        env={"HOLD_STATE_DIR": "state"}),
+    Row("state-dotdot", run(), ["HOLD_STATE_DIR '/tmp/..' is not valid"],
+        env={"HOLD_STATE_DIR": "/tmp/.."}),
 ]  # fmt: skip
 
 
@@ -240,8 +245,6 @@ def test_command_lines(tmp_path: Path) -> None:
     run_rows(tmp_path, ARGV_ROWS)
 
 
-@pytest.mark.xfail(strict=True, reason="refused by the daemon, after it was started: "
-                   "the class's size is known before (hold/runcmd.py main_run)")  # fmt: skip
 def test_count_beyond_the_class_is_refused_before_the_daemon(tmp_path: Path) -> None:
     run_rows(tmp_path, [
         Row("count-beyond-class", run("-d", "npu", "-n", "5"), ["'5'"]),
