@@ -59,6 +59,14 @@ def isolated_hold(
     write_config(tmp_path, node_classes=own_nodes)
     monkeypatch.setenv("HOLD_STATE_DIR", str(state))
     monkeypatch.setenv("HOLD_CONFIG", str(tmp_path / "config.yaml"))
+    # The machine-wide device locks too: a test's own directory (sticky and
+    # world-writable, as /run/lock is), so that tests never meet each other or
+    # real users of this machine on a lock (tests/test_multiuser.py uses the
+    # real one, with keys no one else has).
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o1777)
+    locks.chmod(0o1777)
+    monkeypatch.setenv("HOLD_LOCK_DIR", str(locks))
     yield tmp_path
     stop_daemon(state)
 
@@ -470,10 +478,15 @@ def _fill_runtime(base: Path) -> Path:
     site = Path(sysconfig.get_paths()["purelib"])
     for pkg in ("hold", "supervisor"):
         shutil.copytree(ROOT / pkg, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    for pkg in ("psutil", "yaml", "_yaml", "click", "filelock", "structlog"):
+    deps = ("psutil", "yaml", "_yaml", "click", "filelock", "structlog", "pydantic",
+            "pydantic_core", "annotated_types", "typing_inspection",
+            "typing_extensions.py")  # fmt: skip
+    for pkg in deps:
         src = site / pkg
         if src.is_dir():
             shutil.copytree(src, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.is_file():
+            shutil.copy(src, base / pkg)
     shutil.copytree(PROGS, base / "progs")
     _open_to_all(base)
     subprocess.run(["chmod", "-R", "a+rX", str(base)], check=True)

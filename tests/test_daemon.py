@@ -140,7 +140,7 @@ def hold(*args: str, timeout: float = 30, **kw: Any) -> subprocess.CompletedProc
 def status() -> dict[str, Any]:
     res = hold("status", "--json")
     assert res.returncode == 0, res.stderr
-    out: dict[str, Any] = json.loads(res.stdout)
+    out: dict[str, Any] = json.loads(res.stdout)["classes"]
     return out
 
 
@@ -488,34 +488,47 @@ def test_gpu_lease_does_not_satisfy_an_npu_check(clients: Clients) -> None:
     assert clients.wait(p) == 0, clients.stderr(p)
 
 
-def test_check_refuses_a_token_whose_holder_start_time_differs(
-    tmp_path: Path, clients: Clients
-) -> None:
-    first_gate, second_gate, first_rc = tmp_path / "g1", tmp_path / "g2", tmp_path / "rc1"
-    check, q = shlex.join(CHECK_NPU), shlex.quote
-    script = (
-        f"while [ ! -e {q(str(first_gate))} ]; do sleep 0.02; done; "
-        f"{check}; echo $? > {q(str(first_rc))}; "
-        f"while [ ! -e {q(str(second_gate))} ]; do sleep 0.02; done; exec {check}"
+def test_check_does_not_trust_token_files(tmp_path: Path, clients: Clients) -> None:
+    """Tokens are for people and old scripts: a forged one passes nothing, and
+    tampering with a real one changes nothing (the arbiter answers)."""
+    # A state directory of our own, with a token naming the asker itself as holder.
+    forged_dir = tmp_path / "forged"
+    forged_dir.mkdir(mode=0o700)
+    forger = tmp_path / "forger.py"
+    forger.write_text(
+        "import json, os, sys\n"
+        "start = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n"
+        "rec = {'lease': 'ffff', 'cls': 'npu', 'label': 'x', 'holder_pid': os.getpid(),\n"
+        "       'holder_start': start, 'leaves': []}\n"
+        f"with open({str(forged_dir / 'npu-0.token')!r}, 'w') as f:\n"
+        "    f.write(f'npu-hold x pid {os.getpid()} now\\n' + json.dumps(rec) + '\\n')\n"
+        "import subprocess\n"  # the asker is the parent of `hold check`, as in a script
+        "sys.exit(subprocess.call([sys.executable, '-m', 'hold', 'check', '--device', 'npu']))\n"
     )
-    h = clients.start([NPU_HOLD, "-l", "holder", "--", "sh", "-c", script], "H")
+    env = {**os.environ, "HOLD_STATE_DIR": str(forged_dir)}
+    p = clients.start([PY, str(forger)], "forged", env=env)
+    assert clients.wait(p) == 1, clients.stderr(p)
+    assert "no npu lease covers this process" in clients.stderr(p)
+    assert json.loads((forged_dir / "npu-0.token").read_text().split("\n")[1])["holder_pid"]
+
+    # Inside a real lease, a token rewritten to name someone else changes nothing.
+    check, q = shlex.join(CHECK_NPU), shlex.quote
+    gate = tmp_path / "gate"
+    h = clients.start(
+        [NPU_HOLD, "-l", "holder", "--", "sh", "-c",
+         f"while [ ! -e {q(str(gate))} ]; do sleep 0.02; done; exec {check}"], "H",
+    )  # fmt: skip
     path = state_dir() / "npu-0.token"
     wait_for(lambda: (tok := token("npu")) and tok["command_pid"], what="the holder's token")
-    # With the token as the daemon wrote it, the check passes...
-    first_gate.write_text("")
-    assert wait_file(first_rc).strip() == "0", clients.stderr(h)
-    # ...and with the same pid but another start time (as if the pid had been
-    # reused by another process) it does not.
     line, rec = path.read_text().split("\n", 1)
     record = json.loads(rec)
-    assert record["holder_pid"] == h.pid
-    record["holder_start"] += 1
+    record["holder_pid"], record["holder_start"] = 1, 1
     forged = state_dir() / "forged.tmp"
     forged.write_text(line + "\n" + json.dumps(record) + "\n")
     forged.rename(path)
-    second_gate.write_text("")
-    assert clients.wait(h) == 1, clients.stderr(h)
-    assert "no live npu lease covers this process (1 stale token(s))" in clients.stderr(h)
+    gate.write_text("")
+    assert clients.wait(h) == 0, clients.stderr(h)
+    assert "inside npu lease" in clients.stderr(h)
 
 
 def test_forged_command_line_and_environment_do_not_pass(tmp_path: Path, clients: Clients) -> None:
