@@ -599,6 +599,10 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
     passed to ``stop_tree``, which would find an empty tree and call that a
     success. "Stopped" means the stop's survivor check came back empty *and*
     the stray itself (by pid and start time) is gone.
+
+    A stray that an earlier stray's stop ended (a member of that tree: its
+    descendant, say, or killed by that stop's survivor check) is reported as
+    such -- what was done to it, and with whose tree -- not as "already gone".
     """
     from supervisor.identity import ProcessId
     from supervisor.stop import stop_tree
@@ -617,6 +621,9 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
     covered = frozenset(r["pid"] for r in doc["holders"] if r["covered"])
     results: list[dict[str, Any]] = []
     done: set[int] = set()
+    # pid -> (its start time, or None where only the pid is known; the stray
+    # whose tree's stop ended it; what that stop did to it)
+    ended: dict[int, tuple[int | None, int, str]] = {}
     for r in doc["holders"]:
         pid = r["pid"]
         if r["covered"] or pid in done:
@@ -638,7 +645,12 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
             continue
         st = procscan.stat_of(pid)
         if st is None or st.is_dead or st.starttime != r["starttime"]:
-            results.append({"pid": pid, "stopped": True, "why": "already gone"})
+            by = ended.get(pid)
+            if by is not None and by[0] in (None, r["starttime"]):
+                results.append({"pid": pid, "stopped": True, "with": by[1], "outcome": by[2],
+                                "why": f"{by[2]} with the tree of stray pid {by[1]}"})  # fmt: skip
+            else:
+                results.append({"pid": pid, "stopped": True, "why": "already gone"})
             continue
         # Its own group and session only if it leads them: a stray started from
         # someone's shell must not take the shell's session with it. Spared
@@ -652,6 +664,14 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
             spare=covered | frozenset(daemon),
         )  # fmt: skip
         report = stop_tree(tree, grace=grace)
+        for m in report.stopped:
+            ended[m.pid] = (m.ident.starttime, pid, f"ended on {report.signal}")
+        for m in report.killed:
+            ended[m.pid] = (m.ident.starttime, pid, "killed")
+        for sv in report.escalated:
+            ended[sv.pid] = (None, pid, "killed by the survivor check")
+        for sv in report.survivors:  # still alive: not ended by anyone
+            ended.pop(sv.pid, None)
         gone = not ident.is_running()  # a zombie holds nothing
         survivors = [s._asdict() for s in report.survivors]
         if not gone and pid not in {s["pid"] for s in survivors}:

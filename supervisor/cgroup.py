@@ -164,6 +164,11 @@ def _populated(events: bytes) -> bool:
     return True  # no such key: assume the worst
 
 
+def _writable(path: str) -> bool:
+    """May this user make leaves in ``path`` and move its processes into them?"""
+    return os.access(path, os.W_OK | os.X_OK) and os.access(f"{path}/cgroup.procs", os.W_OK)
+
+
 def hierarchy_for(mode: str) -> Hierarchy | None:
     """The hierarchy to make leaves in, under a ``cgroups:`` mode.
 
@@ -181,26 +186,51 @@ def hierarchy_for(mode: str) -> Hierarchy | None:
 
 
 class Hierarchy:
-    """Where this process may create leaves: the cgroup it lives in, if writable."""
+    """Where this process may create leaves: its own cgroup, or the nearest
+    ancestor of it that this user may write (a delegated subtree)."""
 
     def __init__(self, base: str) -> None:
         self.base = base
 
     @classmethod
     def find(cls) -> Hierarchy:
-        """The writable cgroup v2 directory of this process, or :class:`CgroupUnavailable`."""
+        """The writable cgroup v2 directory for this process's leaves, or
+        :class:`CgroupUnavailable` saying why there is none.
+
+        The process's own cgroup when this user may write it (root; or a
+        process inside a delegated subtree: systemd's ``user@UID.service``,
+        a unit with ``Delegate=yes``, ``systemd-run --user --scope``). Else
+        the nearest ancestor that this user may write -- a delegation that
+        holds the process in a cgroup made by someone else below it -- since
+        moving a process into a leaf takes write access to the
+        ``cgroup.procs`` of the common ancestor of where it is and where it
+        goes, and that ancestor is then the delegation. No ancestor above
+        the hierarchy's mount (a container's, a cgroup namespace's root).
+
+        Nothing is done for a process outside every delegation (a login
+        session's ``session-N.scope`` belongs to root): it could not move its
+        own children into a leaf anywhere, so it walks /proc instead.
+        """
         mount = v2_mount()
         if mount is None:
             raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
         rel = own_cgroup()
         if rel is None:
             raise CgroupUnavailable("this process has no cgroup v2 membership")
-        base = os.path.normpath(mount + rel)
-        if not os.path.isfile(f"{base}/cgroup.procs"):
-            raise CgroupUnavailable(f"{base}: not a cgroup v2 directory")
-        if not (os.access(base, os.W_OK) and os.access(f"{base}/cgroup.procs", os.W_OK)):
-            raise CgroupUnavailable(f"{base}: not writable by this user (no delegation)")
-        return cls(base)
+        mount = os.path.normpath(mount)
+        own = os.path.normpath(mount + rel)
+        if not os.path.isfile(f"{own}/cgroup.procs"):
+            raise CgroupUnavailable(f"{own}: not a cgroup v2 directory")
+        base = own
+        while True:
+            if _writable(base):
+                return cls(base)
+            if base == mount or not base.startswith(mount + "/"):
+                break
+            base = os.path.dirname(base)
+        raise CgroupUnavailable(
+            f"{own}: not writable by this user, nor any cgroup above it (no delegation)"
+        )
 
     def create(self, name: str) -> Leaf:
         if "/" in name or name in ("", ".", ".."):

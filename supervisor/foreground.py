@@ -106,6 +106,27 @@ class Foreground:
             become_subreaper()
         return self.leaf
 
+    def walk_note(self, cgroups: str = "auto") -> str:
+        """What to tell a user whose command is tracked without a cgroup leaf
+        (``hold run -v`` says it once): the limit of the walk, and why no leaf.
+
+        ``cgroups`` is the configured mode (``off`` is a choice, not a lack).
+        """
+        if cgroups == "off":
+            why = "cgroups: off"
+        else:
+            try:
+                cg.Hierarchy.find()
+                why = "no cgroup leaf could be made"
+            except cg.CgroupUnavailable as e:
+                why = str(e)
+        return (
+            f"no cgroup for this command ({why}): its tree is found by walking /proc, "
+            "which cannot follow a descendant that leaves the session, clears HOLD_TREE and "
+            "outlives this process -- if this process is killed, such a descendant is not "
+            "stopped (see 'How a tree is stopped' in the README)"
+        )
+
     def discard(self) -> None:
         """Undo :meth:`prepare` when the command will not be run after all."""
         self._remove_leaf()

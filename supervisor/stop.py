@@ -7,12 +7,24 @@
    Wait up to ``grace`` for the tree to empty -- woken by the kernel
    (``cgroup.events`` or pidfds), not by polling.
 3. **Kill**: with a cgroup, ``cgroup.kill`` (atomic; forks racing it die too).
-   Without one, freeze-and-walk: SIGSTOP every member found and walk again
-   until a walk finds nobody new (a frozen process cannot fork), then SIGKILL.
+   Without one -- and for members found outside the leaf -- freeze-and-walk:
+   SIGSTOP every member found and walk again until two walks in a row find
+   nobody new (a frozen process cannot fork), then SIGKILL.
 4. **Survivor check**: look again by every means -- membership as in
    :mod:`supervisor.tree`, plus any process that started after the tree and
    still holds one of its nodes or listens on one of its ports. Members
-   found are killed again; those that still live make the report a failure.
+   found are frozen and killed again; those that still live make the report
+   a failure.
+
+Every look is by every means (:meth:`Tree.look`): with a cgroup leaf, /proc
+is walked too, for the marker, the group, the session and descent, so a
+member that moved itself out of the leaf (root can) is found and stopped.
+And a walk can miss a process that forks and exits while it reads /proc, so
+"nobody" is never the answer of one look: the tree counts as empty only when
+two consecutive looks found nobody, and the survivor check answers only when
+two consecutive looks agree (at most ``_LOOKS`` looks; if they never agree,
+the last one that found anyone is the answer -- seen and then not seen is
+not proven gone).
 
 The survivor check signals only **members** (cgroup leaf, root, group or
 session, descent, adoption, the marker). A process found *only* because it
@@ -50,6 +62,7 @@ from supervisor.tree import Member, Tree
 
 _KILL_WAIT = 2.0  # seconds to wait for SIGKILLed processes to disappear
 _WALK_ROUNDS = 50  # freeze-and-walk gives up looking for new members after this
+_LOOKS = 6  # the most looks the survivor check takes to get two that agree
 
 
 class Survivor(NamedTuple):
@@ -182,35 +195,58 @@ def _wait_gone(idents: Iterable[ProcessId], timeout: float) -> None:
             h.close()
 
 
-def _wait_tree_empty(tree: Tree, timeout: float) -> dict[int, Member]:
-    """Wait up to ``timeout`` for every member to exit; the members still alive."""
+def _wait_tree_empty(tree: Tree, timeout: float) -> Look:
+    """Wait up to ``timeout`` for every member to exit; the last look (members still alive)."""
     deadline = time.monotonic() + timeout
     while True:
         if tree.leaf is not None:
             tree.leaf.wait_empty(max(0.0, deadline - time.monotonic()))
-        members = tree.members()
+        look = _look(tree)
+        members = look[1]
         left = deadline - time.monotonic()
         if not members or left <= 0:
-            return members
+            return look
         # Known members gone -> walk again, since they may have forked meanwhile.
         _wait_gone((m.ident for m in members.values()), left)
 
 
+# One look: the processes read, and the members among them.
+Look = tuple[dict[int, Stat], dict[int, Member]]
+
+
+def _look(tree: Tree) -> Look:
+    """The members now; "none" only when two looks in a row found none."""
+    look = tree.look()
+    return look if look[1] else _again(tree, look)
+
+
+def _again(tree: Tree, look: Look) -> Look:
+    """The look after ``look``. With a leaf (and no uid limit), where the leaf
+    says who is inside and the walk only looks for escapees, one that found
+    nobody is confirmed by reading what is new since (see :meth:`Tree.look`):
+    a stop of such a tree costs one read of every process, not two. Without,
+    the walk is the tree, and every look reads everything again."""
+    if tree.contained and not look[1]:
+        return tree.look(after=look[0])
+    return tree.look()
+
+
 def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
-    """SIGSTOP every member, walking again until nobody new appears.
+    """SIGSTOP every member, walking again until two walks find nobody new.
 
     A walk is not atomic: a process that forks and lets its parent exit
     every few milliseconds can be gone from its old pid before the walk
-    reads it and not yet listed at its new one, so "nobody new" alone could
-    leave it running. So the tree's own process group is first stopped as a
-    whole: ``kill(-pgid)`` also reaches a child being forked at that moment,
-    and the walks after it see the group standing still.
+    reads it and not yet listed at its new one, so "nobody new" once could
+    leave it running: it takes two walks in a row. And the tree's own
+    process group is first stopped as a whole: ``kill(-pgid)`` also reaches
+    a child being forked at that moment, and the walks after it see the
+    group standing still.
     """
     frozen: dict[int, Member] = {}
     group_stopped = False
+    quiet = 0
     for _ in range(_WALK_ROUNDS):
-        procs = procscan.snapshot()
-        members = tree.members(procs)
+        procs, members = tree.look()
         pgid = None if group_stopped else _own_group(tree, procs, members)
         if pgid is not None:
             try:
@@ -219,9 +255,14 @@ def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
                 pass
             group_stopped = True
             continue
-        new = {pid: m for pid, m in members.items() if pid not in frozen}
+        new = {pid: m for pid, m in members.items() if pid not in frozen
+               or frozen[pid].ident != m.ident}  # fmt: skip
         if not new:
-            break
+            quiet += 1
+            if quiet == 2:
+                break
+            continue
+        quiet = 0
         for pid, m in new.items():
             _signal(m.ident, signal.SIGSTOP)
             frozen[pid] = m
@@ -281,7 +322,11 @@ def stop_tree(
     report = StopReport(
         tree.tree_id, signal.Signals(sig).name, method="cgroup" if tree.leaf is not None else "walk"
     )
-    members = tree.members()
+    # "Settled": two looks in a row found nobody, and nothing was signalled
+    # since -- the survivor check's own answer, already had.
+    look = _look(tree)
+    members = look[1]
+    settled = None if members else look
     report.stopped = list(members.values())
 
     # 1. What they hold, so the survivor check can ask who still holds it.
@@ -311,7 +356,9 @@ def stop_tree(
     if members:
         for m in members.values():
             _signal(m.ident, sig, signal.SIGCONT)
-        members = _wait_tree_empty(tree, grace)
+        look = _wait_tree_empty(tree, grace)
+        members = look[1]
+        settled = None if members else look
         report.grace_used = time.monotonic() - t0
         report.outcome = "exited"
 
@@ -322,13 +369,19 @@ def stop_tree(
             # (With a uid limit, cgroup.kill could reach a process the user
             # could not have signalled: such trees are frozen and walked.)
             tree.leaf.kill()
-            # Members outside the leaf (found by marker or session: started
-            # before the leaf existed, or moved out by someone) die one by one.
-            outside = [m for m in members.values() if "cgroup" not in m.found_by]
-            refused = {m.pid for m in outside if not _signal(m.ident, signal.SIGKILL)}
+            # Members outside the leaf (found by marker, session or descent:
+            # started before the leaf existed, or moved out of it) are frozen
+            # and walked for, as without a leaf, then killed one by one.
+            outside = {m.ident: m for m in members.values() if "cgroup" not in m.found_by}
+            if outside:
+                for m in _freeze_and_walk(tree).values():
+                    if "cgroup" not in m.found_by:
+                        outside[m.ident] = m
+            refused = {i for i in outside if not _signal(i, signal.SIGKILL)}
             tree.leaf.wait_empty(_KILL_WAIT)
-            _wait_gone((m.ident for m in outside), _KILL_WAIT)
-            report.killed = [m for m in members.values() if m.pid not in refused]
+            _wait_gone(outside, _KILL_WAIT)
+            killed = {m.ident: m for m in members.values()} | outside
+            report.killed = [m for i, m in killed.items() if i not in refused]
         else:
             frozen = _freeze_and_walk(tree)
             report.killed = [m for m in frozen.values() if _signal(m.ident, signal.SIGKILL)]
@@ -337,17 +390,21 @@ def stop_tree(
     # 4. Survivor check, escalated once, and only ever at members. What the
     # escalation killed is in the report too ("escalated"): the tree did not
     # stop as it should have.
-    survivors, _ = _survivors(tree, nodes, ports)
+    survivors, report.holders_after = _survivors(tree, nodes, ports, settled)
     if survivors:
+        if tree.leaf is not None and tree.uid is None:
+            tree.leaf.kill()
+        # Frozen first: a survivor may be a fork loop that a kill aimed at
+        # the pids just seen would miss.
+        for m in _freeze_and_walk(tree).values():
+            survivors.setdefault(m.ident, "+".join(m.found_by))
         for ident, why in survivors.items():
             if _signal(ident, signal.SIGKILL):
                 report.escalated.append(Survivor(ident.pid, _cmdline(ident.pid), why))
-        if tree.leaf is not None and tree.uid is None:
-            tree.leaf.kill()
         _wait_gone(survivors, _KILL_WAIT)
-    # The last look is the one reported (holders too: one may have closed
-    # the file meanwhile, or a killed member's file is now someone else's).
-    survivors, report.holders_after = _survivors(tree, nodes, ports)
+        # The last look is the one reported (holders too: one may have closed
+        # the file meanwhile, or a killed member's file is now someone else's).
+        survivors, report.holders_after = _survivors(tree, nodes, ports)
     report.survivors = [Survivor(i.pid, _cmdline(i.pid), why) for i, why in survivors.items()]
     if tree.adopts_orphans:
         reap_adopted(tree.owned)
@@ -359,6 +416,7 @@ def _survivors(
     tree: Tree,
     nodes: dict[tuple[int, int], procscan.Node],
     ports: set[tuple[str, int]],
+    settled: Look | None = None,
 ) -> tuple[dict[ProcessId, str], list[Holder]]:
     """(members still alive -> how found, non-members holding what the tree held).
 
@@ -366,14 +424,25 @@ def _survivors(
     as a holder when it started at or after the tree's root (an older
     process that holds the same file was plainly somebody else's all along)
     and holds one of ``nodes`` or listens on one of ``ports``.
+
+    Members: looked for until two consecutive looks agree (see the module's
+    docstring), so that "none" means none; or ``settled``, the last of two
+    looks that found none, when nothing was signalled after them.
     """
-    found = tree.members() if tree.contained else None
-    if found is not None and not nodes and not ports:
-        # A contained tree that held no file or port: the leaf says it all.
-        return {m.ident: "+".join(m.found_by) for m in found.values()}, []
-    procs = procscan.snapshot()
-    if found is None:
-        found = tree.members(procs)
+    if settled is not None:
+        procs, found = settled
+    else:
+        procs, found = tree.look()
+        last_seen = found
+        for _ in range(_LOOKS - 1):
+            procs, again = _again(tree, (procs, found))
+            if again:
+                last_seen = again
+            if {m.ident for m in again.values()} == {m.ident for m in found.values()}:
+                break
+            found = again
+        else:
+            found = last_seen  # never settled: not proven gone
     out: dict[ProcessId, str] = {m.ident: "+".join(m.found_by) for m in found.values()}
     holders: list[Holder] = []
     protected = tree.protected(procs)

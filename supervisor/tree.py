@@ -13,12 +13,14 @@ Membership, strongest first:
 * ``marker`` -- carries ``HOLD_TREE=<id>`` in its environment (survives all of
   the above; only a program that execs with a cleaned environment loses it).
 
-With a cgroup leaf (and no uid limit) the leaf alone is the tree, as the
-design has it: membership cannot be escaped by ``setsid`` or forking, and
-``populated 0`` proves it empty. The other means then cost a read of every
-process on the machine for nothing, so they are used only without a leaf.
-(Leaving the leaf takes write access to a cgroup above it: root's, or the
-delegating user's -- nothing a tree gains by forking.)
+With a cgroup leaf (and no uid limit) the leaf alone is the tree for
+:meth:`Tree.members`, as the design has it: membership cannot be escaped by
+``setsid`` or forking, and ``populated 0`` proves it empty. Leaving the leaf
+takes write access to a cgroup above it -- root's, or the delegating user's,
+nothing a tree gains by forking -- but root has it: a process of a root tree
+can write its own pid into another cgroup's ``cgroup.procs``. So a *stop*
+looks with :meth:`Tree.look`, which also walks /proc for the marker, the
+group, the session and descent from a member, and finds such a process.
 
 The marker is used to *find* processes, never to authorise anything: a
 process can put any text it likes in its environment, so the most a forged
@@ -36,6 +38,9 @@ from supervisor import procscan
 from supervisor.cgroup import Leaf
 from supervisor.environ import MARKER
 from supervisor.identity import ProcessId, Stat
+
+# How often a look reads the pids that appeared while it walked /proc.
+_TOP_UPS = 4
 
 
 class Member(NamedTuple):
@@ -111,12 +116,69 @@ class Tree:
         """Live (non-zombie) members now, each with how it was found.
 
         Never includes this process or its ancestors. For a contained tree
-        (and no ``procs`` given) only the leaf and the root are read.
+        (and no ``procs`` given) only the leaf and the root are read; see
+        :meth:`look` for a stop's look, which walks /proc for it too. Without
+        a leaf and without ``procs``, this is :meth:`look`.
         """
-        if procs is None and self.contained:
-            return self._leaf_members()
         if procs is None:
+            if self.contained:
+                return self._leaf_members()
+            return self.look()[1]
+        marked = {st.pid for st in procs.values() if self._carries_marker(st)}
+        return self._members(procs, marked, everywhere=False)
+
+    def look(
+        self, after: dict[int, Stat] | None = None
+    ) -> tuple[dict[int, Stat], dict[int, Member]]:
+        """One look by every means: (the processes read, the members among them).
+
+        For a stop and its survivor check. Unlike :meth:`members`, a
+        contained tree is looked for outside its leaf too (marker, group,
+        session, descent from a member): a member that moved itself to
+        another cgroup (root can) is found. Members in the leaf keep
+        ``cgroup`` (and ``root``) as how they were found.
+
+        A walk of /proc is not atomic: a process that forks and exits every
+        millisecond has often left the pid the listing named before it is
+        read, and its new pid is not in the listing. So after the walk the
+        pids that appeared meanwhile are read at once (stat, then marker),
+        again until a listing shows nothing new (a bounded number of times):
+        such a process is seen at its newest pid.
+
+        ``after``: the processes of a look just taken that found no member.
+        Then only what is new since is read (and the leaf): a process that
+        was there and was no member then cannot have become one since -- a
+        member is only ever made by a member's fork -- so this confirms that
+        look for the price of a listing of /proc, not a read of every process.
+        """
+        if after is None:
             procs = procscan.snapshot()
+            marked = {st.pid for st in procs.values() if self._carries_marker(st)}
+        else:
+            procs, marked = dict(after), set()
+        for _ in range(_TOP_UPS):
+            new = [pid for pid in procscan.pids() if pid not in procs]
+            if not new:
+                break
+            for pid in new:
+                st = procscan.stat_of(pid)
+                if st is None:
+                    continue
+                procs[pid] = st
+                if self._carries_marker(st):
+                    marked.add(pid)
+        return procs, self._members(procs, marked, everywhere=True)
+
+    def _carries_marker(self, st: Stat) -> bool:
+        return (
+            st.starttime >= self.since
+            and not st.is_dead
+            and bool(procscan.environ_has(st.pid, self.marker))
+        )
+
+    def _members(
+        self, procs: dict[int, Stat], marked: set[int], *, everywhere: bool
+    ) -> dict[int, Member]:
         me = os.getpid()
         protected = self.protected(procs)
         reasons: dict[int, list[str]] = {}
@@ -127,13 +189,20 @@ class Tree:
                 return
             reasons.setdefault(pid, []).append(why)
 
+        in_leaf: set[int] = set()
         if self.leaf is not None:
-            for pid in self.leaf.pids():
+            in_leaf = set(self.leaf.pids())
+            for pid in in_leaf:
+                if everywhere and pid not in procs:
+                    # Started after the walk: read it now, or it would be missed.
+                    st = procscan.stat_of(pid)
+                    if st is not None:
+                        procs[pid] = st
                 add(pid, "cgroup")
         known = {
             i.pid
             for i in self.seen
-            if procs.get(i.pid, None) is not None and procs[i.pid].starttime == i.starttime
+            if procs.get(i.pid) is not None and procs[i.pid].starttime == i.starttime
         }
         if self.root is not None and self.root.matches():
             known.add(self.root.pid)
@@ -145,20 +214,20 @@ class Tree:
                 add(st.pid, "session")
             if self.adopts_orphans and st.ppid == me and st.pid not in self.owned:
                 add(st.pid, "adopted")
-        marker = self.marker
-        for st in procs.values():
-            if st.starttime >= self.since and not st.is_dead:
-                has = procscan.environ_has(st.pid, marker)
-                if has:
-                    add(st.pid, "marker")
+        for pid in marked:
+            add(pid, "marker")
         roots = known | set(reasons)
         for pid in procscan.descendants(roots, procs):
             add(pid, "descendant")
 
+        contained = everywhere and self.contained
         out: dict[int, Member] = {}
         for pid, why in reasons.items():
             if self.uid is not None and not signalable_by(pid, self.uid):
                 continue
+            if contained and pid in in_leaf:
+                # The leaf says it: the other means only add noise to the report.
+                why = [w for w in why if w in ("cgroup", "root")]
             st = procs[pid]
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)

@@ -732,3 +732,166 @@ def test_a_port_kept_by_an_owner_it_may_not_inspect_is_reported_not_failed(
         for f in (stopper.stdin, stopper.stdout):
             if f is not None:
                 f.close()
+
+
+# --------------------------------------------------------------------------
+# Issue 10: a fork loop in walk mode; members that leave the leaf; a uid limit.
+
+
+def _grows(path: Path, window: float = 0.3) -> bool:
+    """Does ``path`` grow within ``window`` seconds? True at the first change seen."""
+    size = path.stat().st_size
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline:
+        if path.stat().st_size != size:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.mark.parametrize("cgroup_mode", ["walk"], indirect=True)
+def test_fork_loop_in_walk_mode_is_never_reported_empty_while_it_runs(
+    start: Callable[..., Started], cgroup_mode: str
+) -> None:
+    """A tree that is nothing but a fork loop: the root exits at once, and each
+    process of the loop lives about a millisecond. One walk of /proc misses it
+    about half the time (the pid it lists is gone when it is read, the new one
+    is not listed), and it was reported "0 stopped, survivor check empty"
+    while it ran on. Several trees in a row: each is found, killed, and ends
+    -- told by the file each generation appends to, not by a walk. With
+    ``--setsid`` every generation leaves the group and session, so no
+    ``kill(-pgid)`` stops it: each must be frozen where the walk finds it."""
+    for opts in ([], ["--setsid"], [], ["--loops", "3", "--setsid"], ["--loops", "2"]):
+        s = start("forkloop_tree.py", *opts)
+        s.wait_ready({"main": 1, "loop": 1}, port=False)
+        assert _wait(s.child) == 0  # the root is gone before the stop
+        assert _grows(s.device), "the fork loop does not run"
+
+        report = s.stop(grace=0.2)
+
+        assert not _grows(s.device), f"the fork loop runs on after: {report.summary()}"
+        assert report.ok and report.survivors == [], report.summary()
+        assert report.stopped and report.outcome == "killed", report.summary()
+        assert "survivor check empty" in report.summary()
+        assert _marked(s.tree_id) == []
+
+
+@pytest.mark.parametrize("cgroup_mode", ["cgroup"], indirect=True)
+def test_members_that_move_to_another_cgroup_are_found_and_stopped(
+    start: Callable[..., Started], cgroup_mode: str
+) -> None:
+    """Root may move a process to any cgroup: a member that writes its own pid
+    into another cgroup's ``cgroup.procs`` left the leaf, and escaped every
+    check (they read the leaf alone). At the stop the tree is also looked for
+    by its session and marker: one that kept only the tree's session (marker
+    cleared, parent gone) and one that kept only the marker (own session,
+    parent gone) are both found, by that, and killed."""
+    if os.geteuid() != 0:
+        pytest.skip("moving a process to a cgroup outside the delegation needs root")
+    hier = Hierarchy.find()
+    away = Leaf(f"{hier.base}/holdtest-away-{uuid.uuid4().hex[:12]}")
+    os.mkdir(away.path)
+    try:
+        s = start("leaver_tree.py", "--to", away.path)
+        ids = s.wait_ready({"main": 1, "session-leaver": 1, "marker-leaver": 1}, port=False)
+        (sl,), (ml,) = ids["session-leaver"], ids["marker-leaver"]
+        assert s.leaf is not None
+        # They really left: in the other cgroup, not the tree's leaf; and the
+        # leaf alone (what every check read before) no longer knows them.
+        assert sorted(away.pids()) == sorted([sl.pid, ml.pid])
+        assert s.leaf.pids() == [s.child.pid]
+        assert set(s.tree.members()) == {s.child.pid}
+        sst, mst = read_stat(sl.pid), read_stat(ml.pid)
+        assert sst.session == s.child.pid and sst.ppid == os.getpid() and sst.comm == "sleep"
+        assert mst.session != s.child.pid and not alive(mst.session)  # its own, leader gone
+        assert mst.ppid == os.getpid()
+        assert _marked(s.tree_id) == [s.child.pid, ml.pid]
+
+        report = s.stop(grace=0.3)
+
+        assert not sl.is_running() and not ml.is_running(), report.summary()
+        assert away.pids() == [] and not s.leaf.populated()
+        assert report.ok and report.survivors == [] and report.escalated == [], report.summary()
+        assert report.outcome == "killed", report.summary()
+        found = {m.pid: set(m.found_by) for m in report.stopped}
+        assert "session" in found[sl.pid] and "cgroup" not in found[sl.pid], found
+        assert found[ml.pid] == {"marker"}, found
+        assert found[s.child.pid] <= {"cgroup", "root"}, found
+        assert {s.child.pid, sl.pid, ml.pid} <= {m.pid for m in report.killed}
+        assert _wait(s.child) == -signal.SIGKILL
+    finally:
+        away.kill()
+        away.wait_empty(5.0)
+        os.rmdir(away.path)
+
+
+def test_a_tree_with_a_uid_limit_is_stopped_no_further_than_that_user_could(
+    cgroup_mode: str, tmp_path: Path, unpriv_user: str, unpriv_runtime: Path
+) -> None:
+    """The daemon, as root, stops a user's tree with ``Tree(uid=...)``: every
+    process of the user's tree goes (the setsid escapee too), while a root
+    process that carries the tree's marker -- and, with a cgroup, sits in its
+    leaf -- is neither signalled nor counted: the user could not have."""
+    for p in [tmp_path, *tmp_path.parents]:
+        if p == Path("/"):
+            break
+        os.chmod(p, os.stat(p).st_mode | 0o055)
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    device, port_file, ready = work / "device", work / "port", work / "ready"
+    device.write_bytes(b"")
+    device.chmod(0o666)
+    tree_id = f"t-{uuid.uuid4().hex[:12]}"
+    uid = pwd.getpwnam(unpriv_user).pw_uid
+    hier: Hierarchy | None = None
+    leaf: Leaf | None = None
+    if cgroup_mode == "cgroup":
+        hier = Hierarchy.find()
+        leaf = hier.create(f"holdtest-{tree_id}")
+    env = minimal_env(os.environ, tree_id=tree_id)
+    prog = str(unpriv_runtime / "progs" / "nasty_tree.py")
+    cmd = [unpriv_python(), prog, str(device), str(port_file), str(ready), "--forkers", "1"]
+    argv = as_user(unpriv_user, cmd, unpriv_runtime, {"HOLD_TREE": tree_id})
+
+    def lines() -> list[tuple[str, int]]:
+        text = ready.read_text() if ready.exists() else ""
+        return [(w, int(p)) for w, _, p in (ln.rpartition(" ") for ln in text.splitlines())]
+
+    child = spawn(argv, env=env, cgroup=leaf)
+    roots: Child | None = None
+    try:
+        roots = spawn(["sleep", "60"], env=env, cgroup=leaf)  # root's, with the marker
+        tree = Tree(
+            tree_id=tree_id, root=child.ident, pgid=child.pid, sid=child.pid, leaf=leaf,
+            adopts_orphans=leaf is None, owned=owned_pids(), uid=uid,
+        )  # fmt: skip
+
+        want = {"main", "child", "forker", "escapee"}
+        wait_for(lambda: want <= {w for w, _ in lines()}, 20, 0.02, "the user's tree")
+        users = [ProcessId.of(pid) for _, pid in lines()]
+        assert all(os.stat(f"/proc/{i.pid}").st_uid == uid for i in users)
+        assert roots.pid in _marked(tree_id)
+
+        report = stop_tree(tree, grace=0.3)
+
+        for ident in users:
+            assert not ident.is_running(), f"{ident} still runs: {report.summary()}"
+        assert roots.poll() is None and read_stat(roots.pid).state == "S", report.summary()
+        touched = {m.pid for m in report.stopped} | {m.pid for m in report.killed}
+        assert roots.pid not in touched and report.escalated == [], report.summary()
+        assert report.ok and report.survivors == [], report.summary()
+        assert report.outcome == "killed" and report.method == cgroup_mode, report.summary()
+        assert {i.pid for i in users} <= touched, report.summary()
+        assert _wait(child) == -signal.SIGKILL
+    finally:
+        for c in (roots, child):
+            if c is not None:
+                _kill(c)
+        for _what, pid in lines():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if leaf is not None and hier is not None:
+            leaf.kill()
+            leaf.wait_empty(5.0)
+            leaf.remove(hier.base)
