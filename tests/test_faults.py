@@ -30,8 +30,17 @@ def dying_daemon(state: Path) -> threading.Thread:
         with conn:
             line = conn.makefile("rb").readline()
             assert json.loads(line)["op"] == "open"
-            conn.sendall(json.dumps({"ev": "session", "session": "0" * 16, "classes": {},
-                                     "arbiter": {"kind": "per-user"}}).encode() + b"\n")
+            conn.sendall(
+                json.dumps(
+                    {
+                        "ev": "session",
+                        "session": "0" * 16,
+                        "classes": {},
+                        "arbiter": {"kind": "per-user"},
+                    }
+                ).encode()
+                + b"\n"
+            )
             path.unlink()  # as a SIGKILLed daemon's socket (refused) would be
             listener.close()
 
