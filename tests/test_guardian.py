@@ -1,0 +1,94 @@
+"""The daemon as guardian of registered trees, through its socket as a client
+speaks it: each tree stopped with its own grace; a root claim that is not the
+client's descendant is refused and logged with who made it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import HOLD, alive, wait_for
+
+IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+def start_daemon() -> Path:
+    """A daemon for this test's state directory (started the way clients do)."""
+    res = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    return Path(os.environ["HOLD_STATE_DIR"])
+
+
+def talk(sock: socket.socket, f: Any, msg: dict[str, Any]) -> dict[str, Any]:
+    sock.sendall(json.dumps(msg).encode() + b"\n")
+    line = f.readline()
+    assert line, "the daemon closed the connection"
+    out: dict[str, Any] = json.loads(line)
+    return out
+
+
+def test_each_tree_is_stopped_with_its_own_grace() -> None:
+    state = start_daemon()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(str(state / "daemon.sock"))
+    f = sock.makefile("rb")
+    assert talk(sock, f, {"op": "open"})["ev"] == "session"
+    quick, slow = "a1" * 8, "b2" * 8
+    assert talk(sock, f, {"op": "tree", "tree_id": quick, "grace": 0.2})["ev"] == "ok"
+    assert talk(sock, f, {"op": "tree", "tree_id": slow, "grace": 4})["ev"] == "ok"
+    procs = {
+        tid: subprocess.Popen([sys.executable, "-c", IGNORE_TERM],
+                              env={**os.environ, "HOLD_TREE": tid})
+        for tid in (quick, slow)
+    }  # fmt: skip
+    try:
+        time.sleep(0.3)  # both have set their handlers (a TERM before would end them)
+        t0 = time.monotonic()
+        f.close()  # (the file object keeps the descriptor open, too)
+        sock.close()  # the lifeline: the daemon stops both trees
+        wait_for(lambda: procs[quick].poll() is not None, 10, what="the quick tree")
+        quick_s = time.monotonic() - t0
+        wait_for(lambda: procs[slow].poll() is not None, 15, what="the slow tree")
+        slow_s = time.monotonic() - t0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    # Its own 0.2 s, not the other's 4 s (trees are stopped one after the other,
+    # in registration order).
+    assert quick_s < 2.5, quick_s
+    assert slow_s >= 4.0, slow_s
+
+
+def test_a_root_claim_that_is_not_the_clients_descendant_is_refused_and_logged() -> None:
+    state = start_daemon()
+    # Not a descendant of this client: our parent (pytest's), alive throughout.
+    victim = os.getppid()
+    try:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(state / "daemon.sock"))
+        f = sock.makefile("rb")
+        assert talk(sock, f, {"op": "open"})["ev"] == "session"
+        tid = "c3" * 8
+        assert talk(sock, f, {"op": "tree", "tree_id": tid, "grace": 1})["ev"] == "ok"
+        # Not answered (a root report is fire-and-forget); then a status proves it was read.
+        sock.sendall(json.dumps({"op": "root", "tree_id": tid, "pid": victim}).encode() + b"\n")
+        assert talk(sock, f, {"op": "status"})["ev"] == "status"
+        log = (state / "daemon.log").read_text()
+        refused = [json.loads(ln) for ln in log.splitlines() if "tree_root_refused" in ln]
+        assert refused and refused[0]["claimed_pid"] == victim
+        assert refused[0]["peer_pid"] == os.getpid() and refused[0]["peer_uid"] == os.getuid()
+        f.close()
+        sock.close()  # the session ends: its tree is stopped, the victim is not in it
+        wait_for(lambda: "session_ended" in (state / "daemon.log").read_text(), 10,
+                 what="the session to end")  # fmt: skip
+        assert alive(victim)
+    finally:
+        sock.close()
