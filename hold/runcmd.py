@@ -625,7 +625,7 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
             mem = h.get("memory_bytes")
             used = f", {mem / 2**30:.1f} GiB on the device" if mem else ""
             parts.append(f"{cls}:{b['index']} held OUTSIDE any lease by pid {h['pid']} (user "
-                         f"{h['user']}: {h['command'][:60]}{used})")  # fmt: skip
+                         f"{h['user']}: {h['command']}{used})")  # fmt: skip
     elsewhere = note.get("elsewhere") or []
     assert isinstance(elsewhere, list)
     for e in elsewhere:
