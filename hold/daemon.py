@@ -20,11 +20,7 @@ uid may signal.
 
 from __future__ import annotations
 
-import array
-import collections
 import fcntl
-import json
-import math
 import os
 import pwd
 import queue
@@ -37,162 +33,37 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from hold import devlock, ledger, occupancy
 from hold.config import fingerprint
+from hold.conn import Conn, Request
 from hold.devices import DeviceClass
+from hold.guard import judge
 from hold.ledger import Lease, SessionRec, TreeRec
-from hold.protocol import LineBuffer, Message, ProtocolError, encode
+from hold.protocol import (
+    Message,
+    ProtocolError,
+    check_label,
+    flag_field,
+    ints_field,
+    number_field,
+    text_field,
+)
+from hold.records import Log, Records
 from hold.schedule import plan
 from hold.statedir import StateDir
-from hold.tokens import UnsafePath, remove_owned, render, write_atomic
+from hold.tokens import UnsafePath, remove_owned
 from supervisor import procscan
-from supervisor.cgroup import Leaf, own_cgroup, v2_mount
+from supervisor.cgroup import Leaf, v2_mount
 from supervisor.identity import ProcessId, read_stat
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree, signalable_by
 
 SO_PEERPIDFD = 77  # Linux 6.5; not yet in Python's socket module
 RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
-ENDED_KEPT = 200  # ended leases remembered for the audit
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 _TREE_ID = re.compile(r"[0-9a-f]{8,32}")
-MAX_LABEL = 200
-MAX_UNSENT = 1 << 20  # bytes a client may leave unread before its connection is closed
-
-
-def check_label(label: str) -> str | None:
-    """Why ``label`` is refused, or None. A newline would forge a token line."""
-    if not label:
-        return "a label must not be empty"
-    if len(label) > MAX_LABEL:
-        return f"a label is at most {MAX_LABEL} characters (got {len(label)})"
-    for ch in label:
-        if ord(ch) < 32 or ord(ch) == 127 or ch in "\x85\u2028\u2029":
-            return f"a label must not contain control characters (found {ch!r})"
-    return None
-
-
-class Log:
-    """JSON lines in the state directory, one per event, with the lease id where there is one."""
-
-    def __init__(self, path: str) -> None:
-        import structlog
-
-        from supervisor.safefile import open_for_append
-
-        # Never through a link someone planted (UnsafePath: the daemon refuses to start).
-        self._file = open(open_for_append(path), "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-        self._log = structlog.wrap_logger(
-            structlog.PrintLogger(self._file),
-            processors=[
-                structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
-                structlog.processors.JSONRenderer(sort_keys=True),
-            ],
-        )
-
-    def info(self, event: str, **kw: Any) -> None:
-        self._log.info(event, **kw)
-
-    def error(self, event: str, **kw: Any) -> None:
-        self._log.error(event, **kw)
-
-
-class Request:
-    """A client waiting in line for devices of one class."""
-
-    __slots__ = ("allowed", "checking", "conn", "count", "grace", "indices", "label", "private",
-                 "seq", "tree", "ttl", "wait")  # fmt: skip
-
-    def __init__(self, conn: Conn, seq: int, count: int, indices: tuple[int, ...] | None,
-                 label: str, ttl: float, grace: float, tree: TreeRec | None) -> None:  # fmt: skip
-        self.conn = conn
-        self.seq = seq
-        self.count = count
-        self.indices = indices
-        self.label = label
-        self.ttl = ttl
-        self.grace = grace
-        self.tree = tree
-        self.checking: list[int] | None = None  # devices being checked empty for it
-        self.wait = True  # False: --no-wait, answered "busy" rather than queued
-        self.private = False  # the label is shown to its owner and root only
-        self.allowed: frozenset[int] | None = None  # the devices the client can use
-
-
-class Conn:
-    """One connected client, identified by the kernel."""
-
-    __slots__ = ("buf", "closed", "fds", "last_note", "out", "overflow", "peer", "pidfd",
-                 "request", "session", "sock", "uid", "want_write")  # fmt: skip
-
-    def __init__(self, sock: socket.socket, peer: ProcessId, uid: int, pidfd: int | None,
-                 want_write: Callable[[Conn, bool], None]) -> None:  # fmt: skip
-        self.sock = sock  # non-blocking: a client that stops reading blocks nobody
-        self.peer = peer
-        self.uid = uid
-        self.pidfd = pidfd
-        self.buf = LineBuffer()
-        self.session: SessionRec | None = None
-        self.request: Request | None = None
-        self.last_note: Any = None
-        self.fds: list[int] = []  # descriptors that came with the message being handled
-        # Unsent output, in order: (bytes, descriptors to go with their first byte).
-        self.out: collections.deque[tuple[bytes, list[int]]] = collections.deque()
-        self.overflow = False  # more unread output than MAX_UNSENT: to be closed
-        self.closed = False
-        self.want_write = want_write
-
-    def send(self, msg: Message, fds: list[int] | None = None) -> None:
-        """Queue ``msg`` (with ``fds``, duplicated: they stay valid until sent) and
-        send what the socket takes now; the rest when it is writable again."""
-        if self.closed or self.overflow:
-            return
-        self.out.append((encode(msg), [os.dup(fd) for fd in fds or ()]))
-        was_waiting = len(self.out) > 1
-        self.flush()
-        if self.out and not was_waiting:
-            self.want_write(self, True)
-        if sum(len(d) for d, _ in self.out) > MAX_UNSENT:
-            self.overflow = True
-
-    def flush(self) -> None:
-        """Send queued output until the socket would block."""
-        while self.out:
-            data, fds = self.out[0]
-            try:
-                if fds:
-                    # The descriptors travel with the message's first bytes.
-                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                    sent = self.sock.sendmsg([data], anc)
-                else:
-                    sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.drop_output()  # the client is gone; its close event follows
-                return
-            for fd in fds:
-                os.close(fd)
-            if sent < len(data):
-                self.out[0] = (data[sent:], [])
-                return
-            self.out.popleft()
-        self.want_write(self, False)
-
-    def drop_output(self) -> None:
-        for _, fds in self.out:
-            for fd in fds:
-                os.close(fd)
-        self.out.clear()
-
-    def close_fds(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
 
 
 def _user(uid: int) -> str:
@@ -224,7 +95,7 @@ class Daemon:
         self.lock_got: queue.SimpleQueue[tuple[str, int | None]] = queue.SimpleQueue()
         self.system = system
         self.shared = shared or system
-        self.home_tokens = home_tokens
+        self.records = Records(sd, home_tokens, self._log)
         self.sel = selectors.DefaultSelector()
         self.sessions: dict[str, SessionRec] = {}
         self.attached: dict[str, Conn] = {}  # session id -> its connection
@@ -251,7 +122,6 @@ class Daemon:
         self.blocked: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.blocker_fds: dict[int, tuple[str, int]] = {}
         self.recheck_at: float | None = None
-        self.ended: list[dict[str, Any]] | None = None  # ended.json, once read
         self.stoppers: list[threading.Thread] = []  # stops in flight
         # An autostarted daemon leaves after this long with nothing to do (no
         # client, session, queue or stop); one run by systemd stays.
@@ -385,7 +255,7 @@ class Daemon:
         self.sizes = {name: len(k) for name, k in keys.items()}
         self.queues = {name: self.queues.get(name, []) for name in classes}
         self.scanned = {name: occupancy.has_nodes(c) for name, c in classes.items()}
-        self.grant_busy, self.home_tokens = cfg.busy_devices, cfg.home_tokens
+        self.grant_busy, self.records.home_tokens = cfg.busy_devices, cfg.home_tokens
         self.config_path, self.config_digest = cfg.path, fingerprint(cfg.path)
         self.log.info("config_reloaded", config=cfg.path, classes=dict(self.sizes))
         return None
@@ -520,7 +390,7 @@ class Daemon:
         if op == "open":
             self._open(conn)
         elif op == "attach":
-            self._attach(conn, _text(msg, "session"))
+            self._attach(conn, text_field(msg, "session"))
         elif op == "acquire":
             self._acquire(conn, msg)
         elif op == "tree":
@@ -530,11 +400,11 @@ class Daemon:
         elif op == "status":
             conn.send({"ev": "status", **self.status(conn.uid)})
         elif op == "release":
-            self._release(conn, _text(msg, "lease"))
+            self._release(conn, text_field(msg, "lease"))
         elif op == "end":
             self._end(conn)
         elif op == "check":
-            self._check(conn, _text(msg, "cls"))
+            self._check(conn, text_field(msg, "cls"))
         elif op == "retire":
             self._retire(conn)
         elif op == "reload":
@@ -621,15 +491,15 @@ class Daemon:
             conn.send({"ev": "error", "code": 2, "error": "acquire needs an open session "
                        "without a lease"})  # fmt: skip
             return
-        cls = _text(msg, "cls")
+        cls = text_field(msg, "cls")
         if cls not in self.classes:
             conn.send({"ev": "error", "code": 2, "error": f"unknown device class {cls!r} "
                        f"(known: {', '.join(sorted(self.classes))})"})  # fmt: skip
             return
         size = self.sizes[cls]
-        indices = _ints(msg, "indices") or None
-        allowed = _ints(msg, "allowed")
-        count = len(indices) if indices else _number(msg, "count", int, 1)
+        indices = ints_field(msg, "indices") or None
+        allowed = ints_field(msg, "allowed")
+        count = len(indices) if indices else number_field(msg, "count", int, 1)
         if count < 1 or count > size or (indices and any(i < 0 or i >= size for i in indices)):
             conn.send({"ev": "error", "code": 2, "error": f"{cls} has {size} device(s) here; "
                        f"cannot grant {indices or count}"})  # fmt: skip
@@ -640,10 +510,10 @@ class Daemon:
                        f"{','.join(map(str, sorted(usable))) or '(none)'} can be used from "
                        f"here; cannot grant {indices or count}"})  # fmt: skip
             return
-        label = _text(msg, "label")
+        label = text_field(msg, "label")
         why = check_label(label)
-        ttl = _number(msg, "ttl", float)
-        grace = _number(msg, "grace", float, 10.0)
+        ttl = number_field(msg, "ttl", float)
+        grace = number_field(msg, "grace", float, 10.0)
         if why is None and not (0 < ttl <= 366 * 86400 and 0 <= grace <= 3600):
             why = f"time limit {ttl} s or grace {grace} s out of range"
         tree = self._tree_from(conn, msg.get("tree")) if msg.get("tree") else None
@@ -652,8 +522,8 @@ class Daemon:
             return
         self.seq += 1
         req = Request(conn, self.seq, count, indices, label, ttl, grace, tree)
-        req.wait = _flag(msg, "wait", True)
-        req.private = _flag(msg, "private", False)
+        req.wait = flag_field(msg, "wait", True)
+        req.private = flag_field(msg, "private", False)
         req.allowed = usable
         conn.request = req
         self.queues[cls].append(req)
@@ -670,7 +540,7 @@ class Daemon:
         if not isinstance(d, dict) or not _TREE_ID.fullmatch(str(d.get("tree_id", ""))):
             return None
         tree_id = str(d["tree_id"])
-        grace = _number(d, "grace", float, 10.0)
+        grace = number_field(d, "grace", float, 10.0)
         if not 0 <= grace <= 3600:
             return None
         # An id is one tree: a client cannot take over another's by naming it
@@ -710,8 +580,8 @@ class Daemon:
     def _register_root(self, conn: Conn, msg: Message) -> None:
         """The spawned root of a registered tree: believed only if it descends from the client."""
         s = conn.session
-        tree = s.trees.get(_text(msg, "tree_id")) if s is not None else None
-        pid = _number(msg, "pid", int)
+        tree = s.trees.get(text_field(msg, "tree_id")) if s is not None else None
+        pid = number_field(msg, "pid", int)
         if s is None or tree is None:
             return
         try:
@@ -727,7 +597,7 @@ class Daemon:
         tree.sid = st.session if st.session == pid else None
         self._save()
         if s.lease is not None:
-            self._write_tokens(s)
+            self.records.write_tokens(s)
 
     def _release(self, conn: Conn, lease_id: str) -> None:
         target = next((s for s in self.sessions.values()
@@ -770,7 +640,7 @@ class Daemon:
             conn.send({"ev": "error", "code": 2, "error": "a device class: "
                        + ", ".join(sorted(self.classes))})  # fmt: skip
             return
-        records = [self._record(s) for s in self.sessions.values()
+        records = [self.records.record(s) for s in self.sessions.values()
                    if s.lease is not None and s.lease.state != "ending"]  # fmt: skip
         covered, why = judge(conn.peer, cls, records)
         conn.send({"ev": "check", "covered": covered, "why": why, "arbiter": self._arbiter()})
@@ -988,7 +858,7 @@ class Daemon:
         # On disk before anyone is told: a restarted daemon must know.
         self._save()
         try:
-            self._write_tokens(s)
+            self.records.write_tokens(s)
             owner = self._lock_record(s)
             for i in devices:
                 devlock.write_owner(self.locks[self.keys[cls][i]], owner)
@@ -1154,7 +1024,7 @@ class Daemon:
                           holders_after=[h._asdict() for h in r.holders_after])  # fmt: skip
             cls = s.lease.cls if s.lease else None
             if s.lease is not None:
-                self._remove_tokens(s)
+                self.records.remove_tokens(s)
                 for i in s.lease.devices:
                     self.held.pop((s.lease.cls, i), None)
                 for i, holders in left.items():
@@ -1173,7 +1043,7 @@ class Daemon:
                 waiter.send({"ev": ev, "survivors": survivors})
             if cls is not None:
                 self._schedule(cls)
-                self._remember(s)  # after the next grant: it is not on the handoff's path
+                self.records.remember(s)  # after the next grant: it is not on the handoff's path
             self._release_idle_locks()
 
     # ----------------------------------------------------------------- timers
@@ -1284,77 +1154,6 @@ class Daemon:
     def _save(self) -> None:
         ledger.save(self.sd.state, list(self.sessions.values()))
 
-    def _record(self, s: SessionRec) -> dict[str, Any]:
-        lease = s.lease
-        assert lease is not None
-        roots = [t.root_pid for t in s.trees.values() if t.root_pid]
-        return {
-            "lease": lease.lease_id, "cls": lease.cls, "devices": lease.devices,
-            "label": lease.label, "holder_pid": s.owner_pid, "holder_start": s.owner_start,
-            "uid": s.uid, "user": s.user, "granted": lease.granted, "expires": lease.expires,
-            "command_pid": roots[0] if roots else None,
-            "leaves": [t.leaf for t in s.trees.values() if t.leaf],
-            "trees": list(s.trees),
-        }  # fmt: skip
-
-    def _remember(self, s: SessionRec) -> None:
-        """Keep the last leases that ended, so the audit can say whose a stray was."""
-        assert s.lease is not None
-        path = os.path.join(self.sd.path, "ended.json")
-        if self.ended is None:  # read once; from then on this daemon writes it
-            from supervisor.safefile import UnsafePath, open_for_read
-
-            try:
-                with os.fdopen(open_for_read(path), "rb") as f:
-                    past = json.loads(f.read())
-                self.ended = past[-ENDED_KEPT:] if isinstance(past, list) else []
-            except (OSError, ValueError, UnsafePath):
-                self.ended = []
-        self.ended.append({**self._record(s), "ended": time.time()})
-        del self.ended[:-ENDED_KEPT]
-        try:
-            write_atomic(path, json.dumps(self.ended).encode(), 0o644)
-        except (UnsafePath, OSError) as e:
-            self._log("history_not_written", s, error=str(e))
-
-    def _write_tokens(self, s: SessionRec) -> None:
-        assert s.lease is not None
-        data = render(s.lease.cls, self._record(s))
-        for i in s.lease.devices:
-            write_atomic(self.sd.token(s.lease.cls, i), data, 0o644)
-        if self.home_tokens:
-            self._home_token(s, data.split(b"\n", 1)[0] + b"\n")
-
-    def _remove_tokens(self, s: SessionRec) -> None:
-        assert s.lease is not None
-        for i in s.lease.devices:
-            try:
-                remove_owned(self.sd.token(s.lease.cls, i), self.sd.path)
-            except UnsafePath as e:
-                self._log("token_not_removed", s, error=str(e))
-        if self.home_tokens:
-            self._home_token(s, None)
-
-    def _home_token(self, s: SessionRec, line: bytes | None) -> None:
-        """Mirror the token line to ~/NPU-TOKEN (as scripts of old expect), as that user."""
-        assert s.lease is not None
-        if os.geteuid() not in (0, s.uid):
-            return
-        try:
-            home = pwd.getpwuid(s.uid).pw_dir
-        except KeyError:
-            return
-        path = os.path.join(home, f"{s.lease.cls.upper()}-TOKEN")
-        try:
-            if line is None:
-                remove_owned(path, home)
-            else:
-                write_atomic(path, line, 0o644)
-                if os.geteuid() == 0:
-                    os.chown(path, s.uid, -1, follow_symlinks=False)
-        except (UnsafePath, OSError) as e:
-            self._log("home_token_failed", s, error=str(e))
-
     def _log(self, event: str, s: SessionRec, **kw: Any) -> None:
         if self.log is not None:
             lease = s.lease.lease_id if s.lease else None
@@ -1402,40 +1201,6 @@ class Daemon:
         return {"classes": classes, "arbiter": self._arbiter()}
 
 
-def judge(asker: ProcessId, cls: str, records: list[dict[str, Any]]) -> tuple[bool, str]:
-    """``hold check``'s answer for the process ``asker`` against live lease records.
-
-    Proven by ancestry, never by text: an ancestor of the asker (or the asker
-    itself), matched by pid *and* start time, must be the holder of a lease
-    of ``cls``, or the asker must live in the cgroup leaf of that lease's
-    tree (which covers a descendant that daemonised and lost its ancestry).
-    """
-    me = procscan.stat_of(asker.pid)
-    if me is None or me.starttime != asker.starttime:
-        return False, "the asking process is gone"
-    chain = {(st.pid, st.starttime) for st in [me, *procscan.ancestors(asker.pid)]}
-    mount = v2_mount()
-    mine = own_cgroup(asker.pid)
-    where = os.path.normpath(mount + mine) if mount and mine else None
-    others: list[str] = []
-    for rec in records:
-        label = (f"{rec['cls']} lease {rec['lease']} ({rec['label']!r}, "
-                 f"holder pid {rec['holder_pid']})")  # fmt: skip
-        holder = (rec["holder_pid"], rec["holder_start"])
-        if rec["cls"] != cls:
-            if holder in chain:
-                others.append(label)
-            continue
-        if holder in chain:
-            return True, f"inside {label}"
-        for leaf in rec.get("leaves") or []:
-            if where is not None and (where == leaf or where.startswith(leaf + "/")):
-                return True, f"inside {label} (by its cgroup)"
-    if others:
-        return False, f"no {cls} lease covers this process; only {', '.join(others)}"
-    return False, f"no {cls} lease covers this process"
-
-
 def _label_for(s: SessionRec, viewer: int) -> str | None:
     assert s.lease is not None
     return s.lease.label if viewer in (0, s.uid) or not s.lease.private else None
@@ -1447,50 +1212,6 @@ def _limit_uid(uid: int) -> int | None:
     None (no limit) when the daemon runs as that user anyway, or for root's trees.
     """
     return None if uid == 0 or uid == os.geteuid() else uid
-
-
-def _text(msg: Message, name: str) -> str:
-    value = msg.get(name)
-    if not isinstance(value, str):
-        raise ValueError(f"{name!r} must be a string")
-    return value
-
-
-def _flag(msg: Message, name: str, default: bool) -> bool:
-    value = msg.get(name, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{name!r} must be true or false")
-    return value
-
-
-NumT = TypeVar("NumT", int, float)
-
-
-def _number(msg: Message, name: str, kind: type[NumT], default: NumT | None = None) -> NumT:
-    value = msg.get(name, default)
-    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
-    if not ok or isinstance(value, bool) or value is None:
-        raise ValueError(f"{name!r} must be a number")
-    out = kind(value)
-    if kind is float and not math.isfinite(out):
-        raise ValueError(f"{name!r} must be finite")
-    if kind is int and not -(2**31) <= out < 2**31:
-        raise ValueError(f"{name!r} out of range")
-    return out
-
-
-def _ints(msg: Message, name: str) -> tuple[int, ...] | None:
-    value = msg.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) > 1024:
-        raise ValueError(f"{name!r} must be a list of device indices")
-    out = []
-    for v in value:
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 65536:
-            raise ValueError(f"{name!r} must be a list of device indices")
-        out.append(v)
-    return tuple(sorted(set(out)))
 
 
 def _pidfd_exited(fd: int) -> bool:

@@ -16,9 +16,13 @@ import os
 import socket
 import struct
 import time
+from typing import Any
 
 from hold.protocol import LineBuffer, ProtocolError, encode
 from hold.statedir import StateDir
+from supervisor import procscan
+from supervisor.cgroup import own_cgroup, v2_mount
+from supervisor.identity import ProcessId
 from supervisor.parse import BadValue
 
 TIMEOUT = 10.0
@@ -59,3 +63,37 @@ def check(sd: StateDir, cls: str) -> tuple[bool, str]:
         return False, f"no answer from the ticket daemon at {sd.socket}: {e}"
     finally:
         sock.close()
+
+
+def judge(asker: ProcessId, cls: str, records: list[dict[str, Any]]) -> tuple[bool, str]:
+    """``hold check``'s answer for the process ``asker`` against live lease records.
+
+    Proven by ancestry, never by text: an ancestor of the asker (or the asker
+    itself), matched by pid *and* start time, must be the holder of a lease
+    of ``cls``, or the asker must live in the cgroup leaf of that lease's
+    tree (which covers a descendant that daemonised and lost its ancestry).
+    """
+    me = procscan.stat_of(asker.pid)
+    if me is None or me.starttime != asker.starttime:
+        return False, "the asking process is gone"
+    chain = {(st.pid, st.starttime) for st in [me, *procscan.ancestors(asker.pid)]}
+    mount = v2_mount()
+    mine = own_cgroup(asker.pid)
+    where = os.path.normpath(mount + mine) if mount and mine else None
+    others: list[str] = []
+    for rec in records:
+        label = (f"{rec['cls']} lease {rec['lease']} ({rec['label']!r}, "
+                 f"holder pid {rec['holder_pid']})")  # fmt: skip
+        holder = (rec["holder_pid"], rec["holder_start"])
+        if rec["cls"] != cls:
+            if holder in chain:
+                others.append(label)
+            continue
+        if holder in chain:
+            return True, f"inside {label}"
+        for leaf in rec.get("leaves") or []:
+            if where is not None and (where == leaf or where.startswith(leaf + "/")):
+                return True, f"inside {label} (by its cgroup)"
+    if others:
+        return False, f"no {cls} lease covers this process; only {', '.join(others)}"
+    return False, f"no {cls} lease covers this process"

@@ -13,8 +13,9 @@ surrogate, no duplicate key and no ``NaN``; anything else is a
 
 from __future__ import annotations
 
+import math
 import socket
-from typing import Any
+from typing import Any, TypeVar
 
 from supervisor import jsonlines
 
@@ -50,3 +51,66 @@ class LineBuffer:
 
 def send(sock: socket.socket, msg: Message) -> None:
     sock.sendall(encode(msg))
+
+
+# ---------------------------------------------------------------------------
+# What a message may carry: the label rule, and typed readers of fields (a
+# wrong type or range is a ValueError, which ends that connection).
+
+MAX_LABEL = 200
+
+
+def check_label(label: str) -> str | None:
+    """Why ``label`` is refused, or None. A newline would forge a token line."""
+    if not label:
+        return "a label must not be empty"
+    if len(label) > MAX_LABEL:
+        return f"a label is at most {MAX_LABEL} characters (got {len(label)})"
+    for ch in label:
+        if ord(ch) < 32 or ord(ch) == 127 or ch in "\x85\u2028\u2029":
+            return f"a label must not contain control characters (found {ch!r})"
+    return None
+
+
+def text_field(msg: Message, name: str) -> str:
+    value = msg.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} must be a string")
+    return value
+
+
+def flag_field(msg: Message, name: str, default: bool) -> bool:
+    value = msg.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name!r} must be true or false")
+    return value
+
+
+NumT = TypeVar("NumT", int, float)
+
+
+def number_field(msg: Message, name: str, kind: type[NumT], default: NumT | None = None) -> NumT:
+    value = msg.get(name, default)
+    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if not ok or isinstance(value, bool) or value is None:
+        raise ValueError(f"{name!r} must be a number")
+    out = kind(value)
+    if kind is float and not math.isfinite(out):
+        raise ValueError(f"{name!r} must be finite")
+    if kind is int and not -(2**31) <= out < 2**31:
+        raise ValueError(f"{name!r} out of range")
+    return out
+
+
+def ints_field(msg: Message, name: str) -> tuple[int, ...] | None:
+    value = msg.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > 1024:
+        raise ValueError(f"{name!r} must be a list of device indices")
+    out = []
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 65536:
+            raise ValueError(f"{name!r} must be a list of device indices")
+        out.append(v)
+    return tuple(sorted(set(out)))

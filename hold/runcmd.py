@@ -210,7 +210,7 @@ def parse_run_args(argv: list[str], *, device: str | None = None) -> RunArgs:
             if given is not None:
                 raise UsageError(f"{flag} needs --device (or npu-hold / gpu-hold)")
     if args.label is not None:
-        from hold.daemon import check_label
+        from hold.protocol import check_label
 
         why = check_label(args.label)
         if why:

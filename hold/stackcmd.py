@@ -54,8 +54,8 @@ def load_checked(path: str) -> StackSpec:
     or :class:`BadValue` for a bad configuration file.
     """
     from hold.config import load
-    from hold.daemon import check_label
     from hold.devices import classes_from_config, parse_device_spec
+    from hold.protocol import check_label
     from supervisor.stackfile import load as load_stack
 
     cfg = load()
