@@ -101,15 +101,23 @@ NVIDIA_MAJOR = 195
 DRM_MAJOR = 226
 
 
-def _nvidia_render_node(path: str) -> bool:
-    """Is ``path`` a DRM node whose GPU the ``nvidia`` driver runs (sysfs says)?"""
+def char_minor(path: str, major: int) -> int | None:
+    """The minor number of ``path`` if it is a character node of ``major``, else None."""
     try:
         st = os.stat(path)
     except OSError:
+        return None
+    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != major:
+        return None
+    return os.minor(st.st_rdev)
+
+
+def _nvidia_render_node(path: str) -> bool:
+    """Is ``path`` a DRM node whose GPU the ``nvidia`` driver runs (sysfs says)?"""
+    minor = char_minor(path, DRM_MAJOR)
+    if minor is None:
         return False
-    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != DRM_MAJOR:
-        return False
-    driver = f"/sys/dev/char/{DRM_MAJOR}:{os.minor(st.st_rdev)}/device/driver"
+    driver = f"/sys/dev/char/{DRM_MAJOR}:{minor}/device/driver"
     try:
         return os.path.basename(os.readlink(driver)) == "nvidia"
     except OSError:

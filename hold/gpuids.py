@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import glob
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from hold.devices import DeviceClass
+from hold.devices import NVIDIA_MAJOR, DeviceClass, char_minor
 
-NVIDIA_MAJOR = 195
 # Minors 254 (nvidia-modeset) and 255 (nvidiactl) are control nodes, not GPUs.
 _LAST_GPU_MINOR = 253
 # Every GPU node of the machine, whatever a class names: CUDA counts them all.
@@ -38,14 +36,8 @@ class Gpu(NamedTuple):
 
 def nvidia_minor(path: str) -> int | None:
     """The GPU minor number of ``path`` if it is an NVIDIA GPU node, else None."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != NVIDIA_MAJOR:
-        return None
-    minor = os.minor(st.st_rdev)
-    return minor if minor <= _LAST_GPU_MINOR else None
+    minor = char_minor(path, NVIDIA_MAJOR)
+    return minor if minor is not None and minor <= _LAST_GPU_MINOR else None
 
 
 def can_use(path: str) -> bool:

@@ -505,14 +505,21 @@ def acquire_lease(
         "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
         "private": private, "allowed": allowed,
     }  # fmt: skip
-    try:
-        client.send(ask)
-    except OSError:  # the daemon went away since the session was opened: ask a new one
+
+    def ask_a_new_daemon() -> bool:
+        """A new session (a daemon started if need be) and the request again."""
         try:
             client.reopen()
             client.send(ask)
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             say(f"cannot reach the ticket daemon: {e}")
+            return False
+        return True
+
+    try:
+        client.send(ask)
+    except OSError:  # the daemon went away since the session was opened
+        if not ask_a_new_daemon():
             return EXIT_TOOL
     start = time.monotonic()
     deadline = None if wait_timeout is None else start + wait_timeout
@@ -540,11 +547,7 @@ def acquire_lease(
             # The daemon died before granting anything (it keeps no waiting
             # requests): start one and ask again, at the end of the line.
             say("the ticket daemon went away; asking a new one (the place in line is lost)")
-            try:
-                client.reopen()
-                client.send(ask)
-            except (DaemonUnreachable, OSError, TimeoutError) as e:
-                say(f"cannot reach the ticket daemon: {e}")
+            if not ask_a_new_daemon():
                 return EXIT_TOOL
             continue
         ev = msg.get("ev")
