@@ -532,8 +532,9 @@ class Daemon:
             # Not grantable now, and not being checked: busy. (One being
             # checked is answered when its scan is done: a free device with
             # nodes is granted to --no-wait too.)
+            note = self._holders_note(cls, req)  # as it stands, before the line moves on
             self._drop_request(req)
-            conn.send({"ev": "busy", **self._holders_note(cls, req)})
+            conn.send({"ev": "busy", **note, "position": 0})
 
     def _tree_from(self, conn: Conn, d: Any) -> TreeRec | None:
         """A tree registration, checked: a well-formed id, and a leaf the client owns."""
@@ -659,6 +660,10 @@ class Daemon:
     def _schedule(self, cls: str) -> None:
         q = self.queues[cls]
         waiting = [r for r in q if r.checking is None]
+        # A lock file we could not open is tried again now (no event says it
+        # was fixed); one that another arbiter holds has its waiter thread.
+        for dev in [d for d, rec in self.elsewhere.items() if d[0] == cls and "error" in rec]:
+            del self.elsewhere[dev]
         while True:
             # A device is busy by its key: another class may name the same node.
             busy = {self._key(k) for k in (*self.held, *self.verifying, *self.blocked)}
@@ -1083,8 +1088,14 @@ class Daemon:
             self.log.info("idle_exit", idle_s=round(now_mono - self.idle_since, 1))
             self.stopping = True
         if self.recheck_at is not None and self.recheck_at <= now_mono:
+            # Look again at what no kernel event will tell us about: a holder
+            # outside any lease that closed the node without exiting, a lock
+            # file we could not open. Scheduling sets the timer again if needed.
+            self.recheck_at = None
             for key in list(self.blocked):
                 self._unblock(key)
+            for dev in [d for d in self.elsewhere if self._key(d) not in self.lock_waits]:
+                del self.elsewhere[dev]
             for cls in self.classes:
                 self._schedule(cls)
         for s in list(self.sessions.values()):

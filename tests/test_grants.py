@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,32 @@ def test_no_label_forges_the_token_line(tmp_path: Path, label: str) -> None:
     finally:
         (work / "A.go").write_text("")
         assert holder.wait(30) == 0
+
+
+def test_a_lock_file_that_cannot_be_used_keeps_the_device_and_costs_nothing(
+    tmp_path: Path,
+) -> None:
+    """Something planted at a device's lock path (here a directory): the device
+    is not granted (the client is told why), the daemon does not spin, and the
+    device is granted again once the path is fixed."""
+    node = tmp_path / "accel0"
+    node.write_text("")
+    configure(tmp_path, [str(tmp_path / "accel*")])
+    planted = Path(lock_of(node))
+    planted.mkdir()
+    res = npu("--no-wait", "--", "true")
+    assert res.returncode == 75, res.stderr
+    assert "cannot be locked" in res.stderr and str(planted) in res.stderr
+    state = Path(os.environ["HOLD_STATE_DIR"])
+    pid = int((state / "daemon.lock").read_text())
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    before = cpu()
+    time.sleep(1.0)  # a measuring window, not a wait for an event
+    assert cpu() - before < 0.2  # idle, not a busy loop
+    planted.rmdir()
+    res = npu("--no-wait", "--", "true")
+    assert res.returncode == 0, res.stderr
