@@ -18,7 +18,7 @@ processes are scanned too, by every tool alike.
 Timed, side by side and interleaved (each round runs every tool once, in a
 rotating order, so a busy second on a shared machine lands on all of them):
 
-* ``hold.audit.scan(targets)`` in this process (the scan alone; its default
+* ``hold.holders.scan(targets)`` in this process (the scan alone; its default
   threads, and once more on one thread, to show what the threads add);
 * ``hold audit --json`` end to end (interpreter start, configuration, scan,
   attribution, report);
@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.run import RESULTS, loadavg, machine, median, ms, summary
-from hold.audit import scan, targets
 from hold.devices import DeviceClass
+from hold.holders import scan, targets
 
 BENCH = Path(__file__).resolve().parent
 CROWD = BENCH / "progs" / "holders.py"

@@ -1,4 +1,4 @@
-"""Is a device empty? The audit's scan, as the daemon uses it around every grant.
+"""Is a device empty? The holder scan (hold.holders), as the daemon uses it around every grant.
 
 Nobody is handed a device that is not empty. Before a grant, the device's own
 nodes are scanned (not the class's shared control nodes, which every user of
@@ -25,8 +25,8 @@ import os
 import pwd
 from typing import Any
 
-from hold.audit import Holder, details, device_memory, scan, targets
 from hold.devices import DeviceClass
+from hold.holders import Holder, details, device_memory, scan, targets
 from supervisor import procscan
 from supervisor.identity import ProcessId
 from supervisor.stop import StopReport, stop_tree

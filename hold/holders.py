@@ -1,0 +1,359 @@
+"""Who holds a device node now: the scan that ``hold audit`` and the daemon share.
+
+Finding holders: every process's descriptors and memory mappings, matched by
+device number -- a descriptor's ``st_rdev`` (or, for the regular files that
+stand in for devices in tests, ``(st_dev, st_ino)``), a mapping's
+``dev inode`` fields -- never by the text of a path, so a node reached
+through a bind mount, a hard link or a renamed node still matches.
+
+This reads ``/proc`` directly rather than through psutil: the scan visits
+every descriptor of every process on the machine, and psutil's per-process
+objects would cost several times the system calls that matter.
+
+Also here: what a person needs to see of the few holders found (:func:`details`,
+:func:`device_memory`). Whether a ticket covers a holder is the audit's
+question (:mod:`hold.audit`); whether a device is empty, the daemon's
+(:mod:`hold.occupancy`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from hold.devices import DeviceClass
+from supervisor import procscan
+
+# A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
+# for the node's own inode (how a mapping names it, and how a regular file
+# standing in for a device is known).
+Key = tuple[Any, ...]
+
+
+class Target(NamedTuple):
+    cls: str
+    unit: int | None  # device index; None: a shared node of the class (/dev/nvidiactl)
+    path: str
+
+
+class Holder(NamedTuple):
+    pid: int
+    starttime: int
+    uid: int
+    cls: str
+    unit: int | None
+    how: str  # "fd" or "mmap"
+    node: str
+
+
+def targets(classes: dict[str, DeviceClass], only: str | None = None) -> dict[Key, Target]:
+    """Every node of the classes, by the keys a holder's descriptor or mapping can show."""
+    out: dict[Key, Target] = {}
+    for cls in classes.values():
+        if only is not None and cls.name != only:
+            continue
+        for index, path in enumerate(cls.device_nodes()):
+            _add(out, path, Target(cls.name, index, path))
+        for pattern in cls.shared_nodes:
+            for path in sorted(glob.glob(pattern)):
+                _add(out, path, Target(cls.name, None, path))
+    return out
+
+
+def _add(out: dict[Key, Target], path: str, target: Target) -> None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    out[("file", st.st_dev, st.st_ino)] = target
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        out[("rdev", st.st_rdev)] = target
+
+
+class Scan(NamedTuple):
+    holders: list[Holder]
+    not_inspected: int  # processes whose descriptors we may not read
+    processes: int
+    seconds: float
+
+
+class _Matcher:
+    """The per-process work of a scan, with the lookups prepared once."""
+
+    def __init__(self, tgts: dict[Key, Target]) -> None:
+        self.tgts = tgts
+        self.rdev = {k[1]: t for k, t in tgts.items() if k[0] == "rdev"}
+        # In /proc/PID/maps a mapping names its file by "maj:min inode" of the
+        # node file itself: searching the raw text for " maj:min inode " finds
+        # it without parsing a line (the kernel's formatting: two-digit hex
+        # device numbers, decimal inode).
+        self.map_needles = [
+            (f" {os.major(k[1]):02x}:{os.minor(k[1]):02x} {k[2]} ".encode(), t)
+            for k, t in tgts.items()
+            if k[0] == "file"
+        ]
+
+    def inspect(self, pid: int) -> tuple[list[Holder], bool]:
+        """(holders in this process, True if we may not read its descriptors or mappings).
+
+        "May not" is decided per descriptor and per file, not only by the
+        listing of ``fd/``: the listing can be allowed where following the
+        links is not (a process in another user namespace, or one more
+        privileged than us, such as a sandbox's init), and such a process
+        must be counted as not inspected, never passed over as holding nothing.
+        """
+        base = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(base)
+        except PermissionError:
+            return [], True
+        except OSError:
+            return [], False
+        found: dict[tuple[str, int | None], tuple[Target, str]] = {}
+        denied = False
+        for name in fds:
+            try:
+                st = os.stat(f"{base}/{name}")
+            except PermissionError:
+                denied = True  # the same check guards every descriptor: stop asking
+                break
+            except OSError:
+                continue  # closed meanwhile
+            mode = st.st_mode
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                t = self.rdev.get(st.st_rdev)
+            elif stat.S_ISREG(mode):
+                t = self.tgts.get(("file", st.st_dev, st.st_ino))
+            else:
+                continue
+            if t is not None:
+                found.setdefault((t.cls, t.unit), (t, "fd"))
+        try:
+            for t in self._mapped(pid):
+                found.setdefault((t.cls, t.unit), (t, "mmap"))
+        except PermissionError:
+            denied = True
+        if not found:
+            return [], denied
+        st0 = procscan.stat_of(pid)
+        if st0 is None or st0.is_dead:
+            return [], False
+        uid = _uid(pid)
+        return [Holder(pid, st0.starttime, uid, t.cls, t.unit, how, t.path)
+                for t, how in found.values()], denied  # fmt: skip
+
+    def _mapped(self, pid: int) -> list[Target]:
+        data = read_proc(f"/proc/{pid}/maps")
+        if not data:
+            return []
+        out = [t for needle, t in self.map_needles if needle in data]
+        if self.rdev and b" /dev/" in data:
+            # Another node file for the same device (mknod elsewhere): the
+            # path only locates it; its device number decides.
+            for line in data.splitlines():
+                parts = line.split(None, 5)
+                if len(parts) < 6 or not parts[5].startswith(b"/dev/") or parts[4] == b"0":
+                    continue
+                try:
+                    st = os.stat(parts[5].decode())
+                except (OSError, UnicodeDecodeError):
+                    continue
+                t = self.rdev.get(st.st_rdev) if stat.S_ISCHR(st.st_mode) else None
+                if t is not None and t not in out:
+                    out.append(t)
+        return out
+
+
+def read_proc(path: str) -> bytes:
+    """A whole /proc file with plain system calls (no buffered file object per file).
+
+    Raises PermissionError (a process we may not inspect); b"" if it is gone.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError:
+        raise
+    except OSError:
+        return b""
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 262144)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except PermissionError:
+        raise
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def scan(tgts: dict[Key, Target], pids: Iterable[int] | None = None, threads: int = 0) -> Scan:
+    """Who holds any of ``tgts`` now (one entry per process and node).
+
+    The work is system calls on /proc (which release the GIL), so it is spread
+    over a few threads: on two cores that nearly halves the wall time.
+    """
+    import threading
+
+    t0 = time.monotonic()
+    me = os.getpid()
+    todo = [p for p in (procscan.pids() if pids is None else pids) if p != me]
+    matcher = _Matcher(tgts)
+    threads = threads or min(4, os.cpu_count() or 1)
+    results: list[tuple[list[Holder], int]] = []
+
+    def work(chunk: list[int]) -> None:
+        holders: list[Holder] = []
+        denied = 0
+        for pid in chunk:
+            found, no = matcher.inspect(pid)
+            holders += found
+            denied += no
+        results.append((holders, denied))  # list.append is atomic
+
+    chunks: list[list[int]] = [todo[i::threads] for i in range(threads)]
+    workers = [threading.Thread(target=work, args=(c,)) for c in chunks[1:]]
+    for w in workers:
+        w.start()
+    work(chunks[0])
+    for w in workers:
+        w.join()
+    holders = [h for part, _ in results for h in part]
+    denied = sum(d for _, d in results)
+    return Scan(holders, denied, len(todo), time.monotonic() - t0)
+
+
+def _uid(pid: int) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+# ------------------------------------------------------------------ details
+
+
+class Details(NamedTuple):
+    command: str
+    age_s: float | None
+    rss_bytes: int | None
+
+
+def details(pid: int) -> Details:
+    """What a person needs to see of a holder, through psutil.
+
+    Only for the few holders found, after the scan, so psutil's per-process
+    object costs nothing that matters, and it tells a process that is gone
+    from one we may not read.
+    """
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            command = " ".join(p.cmdline()) or f"[{p.name()}]"
+            return Details(command, max(0.0, time.time() - p.create_time()),
+                           p.memory_info().rss)  # fmt: skip
+    except psutil.NoSuchProcess:
+        return Details("(exited)", None, None)
+    except psutil.AccessDenied:
+        return Details("(not readable)", None, None)
+
+
+def device_memory(holders: list[Holder]) -> dict[tuple[int, str, int | None], int]:
+    """Bytes of device memory per (pid, class, index), where the driver reports it.
+
+    NVIDIA: NVML (``nvidia-ml-py``) when installed; AMD: the KFD per-process
+    entries in sysfs; others: DRM ``fdinfo`` memory keys. Absent sources are
+    skipped: the column then says nothing rather than something wrong.
+    """
+    out: dict[tuple[int, str, int | None], int] = {}
+    pids = {h.pid for h in holders}
+    if not pids:
+        return out
+    _nvml(pids, out)
+    _kfd(pids, out)
+    _drm_fdinfo(holders, out)
+    return out
+
+
+def _nvml(pids: set[int], out: dict[tuple[int, str, int | None], int]) -> None:
+    try:
+        import pynvml  # type: ignore[import-not-found]  # nvidia-ml-py, optional
+    except ImportError:
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            dev = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                minor = int(pynvml.nvmlDeviceGetMinorNumber(dev))
+            except Exception:
+                minor = i
+            procs = []
+            for fn in ("nvmlDeviceGetComputeRunningProcesses",
+                       "nvmlDeviceGetGraphicsRunningProcesses"):  # fmt: skip
+                try:
+                    procs += getattr(pynvml, fn)(dev)
+                except Exception:
+                    continue
+            for p in procs:
+                used = getattr(p, "usedGpuMemory", None)
+                if p.pid in pids and used is not None:
+                    key = (int(p.pid), "gpu", minor)
+                    out[key] = out.get(key, 0) + int(used)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _kfd(pids: set[int], out: dict[tuple[int, str, int | None], int]) -> None:
+    for pid in pids:
+        for path in glob.glob(f"/sys/class/kfd/kfd/proc/{pid}/vram_*"):
+            try:
+                with open(path, "rb") as f:
+                    used = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            key = (pid, "gpu", None)
+            out[key] = out.get(key, 0) + used
+
+
+def _drm_fdinfo(holders: list[Holder], out: dict[tuple[int, str, int | None], int]) -> None:
+    for h in holders:
+        # Only DRM nodes have drm-* keys; reading every fdinfo of every other
+        # holder would be most of a large audit's time for nothing.
+        if (h.pid, h.cls, h.unit) in out or not h.node.startswith("/dev/dri/"):
+            continue
+        total = 0
+        for path in glob.glob(f"/proc/{h.pid}/fdinfo/*"):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            if b"drm-" not in data:
+                continue
+            for line in data.splitlines():
+                if line.startswith((b"drm-memory-", b"drm-resident-")):
+                    value = line.split(b":", 1)[1].split()
+                    try:
+                        n = int(value[0])
+                    except (IndexError, ValueError):
+                        continue
+                    unit = value[1] if len(value) > 1 else b""
+                    total += n * {b"KiB": 1024, b"MiB": 1 << 20, b"GiB": 1 << 30}.get(unit, 1)
+        if total:
+            out[(h.pid, h.cls, h.unit)] = total
