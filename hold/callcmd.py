@@ -24,11 +24,9 @@ import socket
 import sys
 from typing import Any
 
+from supervisor.exitcodes import TOOL, USAGE, signalled
 from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line, strict_loads
 
-EXIT_USAGE = 2
-EXIT_TOOL = 125
-EXIT_CANCELLED = 130
 PROG = "hold call"
 _CANCEL_WAIT_MARGIN = 15.0  # beyond the task's grace, for the stop after a cancel
 
@@ -99,7 +97,7 @@ def main_call(
         sd = open_state_dir()
     except (ValueError, BadValue) as e:
         say(str(e))
-        return EXIT_USAGE
+        return USAGE
     path = os.path.join(sd.path, "stacks", name, "control.sock")  # as hold.stackcmd.run_dir_of
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -107,7 +105,7 @@ def main_call(
             sock.connect(path)
         except (FileNotFoundError, ConnectionRefusedError):
             say(f"stack {name} is not running (start it with hold up)")
-            return EXIT_TOOL
+            return TOOL
         request = {
             "op": "call",
             "unit": unit,
@@ -134,23 +132,23 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
             except _Interrupted as e:
                 if cancelled_by is not None:
                     say("interrupted again: not waiting for the stop")
-                    return 128 + e.signum
+                    return signalled(e.signum)
                 cancelled_by = e.signum
                 say(f"{e}: cancelling the call...")
                 try:
                     sock.sendall(b'{"op": "cancel"}\n')
                 except OSError:
-                    return 128 + e.signum
+                    return signalled(e.signum)
                 continue
             except TimeoutError:
                 say("the stack did not confirm the stop in time")
-                return 128 + (cancelled_by or signal.SIGINT)
+                return signalled(cancelled_by or signal.SIGINT)
             except BadJSON as e:
                 say(f"stack {name} sent an answer that is not valid: {e}")
-                return EXIT_TOOL
+                return TOOL
             if msg is None:
                 say(f"stack {name} closed the connection without a result")
-                return EXIT_TOOL
+                return TOOL
             ev = msg.get("ev")
             if ev == "accepted":
                 accepted = msg
@@ -158,11 +156,11 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
             if ev == "error":
                 for line in msg.get("errors") or [str(msg.get("error"))]:
                     say(line)
-                return int(msg.get("code", EXIT_USAGE))
+                return int(msg.get("code", USAGE))
             if ev == "result":
                 code = _show(msg, name, as_json)
                 if cancelled_by is not None and msg.get("outcome") == "cancelled":
-                    return 128 + cancelled_by
+                    return signalled(cancelled_by)
                 return code
     finally:
         for s, h in old.items():

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from hold.runcmd import help_text
+from supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
 from supervisor.parse import BadValue
 
 
@@ -32,7 +33,7 @@ def run_cmd(args: tuple[str, ...]) -> None:
     raise SystemExit(main_run(list(args)))
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _fail(msg: str, code: int = USAGE) -> None:
     click.echo(f"hold: {msg}", err=True)
     raise SystemExit(code)
 
@@ -151,9 +152,9 @@ def _install(unit_dir: str, start: bool) -> None:
         for line in install(unit_dir, start):
             click.echo(f"hold: {line}")
     except UnsafePath as e:
-        _fail(f"--install: {e}", 2)
+        _fail(f"--install: {e}", USAGE)
     except (OSError, subprocess.CalledProcessError) as e:
-        _fail(f"--install: {e}", 125)
+        _fail(f"--install: {e}", TOOL)
     raise SystemExit(0)
 
 
@@ -164,9 +165,9 @@ def _reload() -> None:
     try:
         ans = Client.connect(_state_dir(), autostart=False).request({"op": "reload"})
     except (DaemonUnreachable, OSError, TimeoutError) as e:
-        _fail(f"--reload: {e}", 125)
+        _fail(f"--reload: {e}", TOOL)
     if ans.get("ev") != "reloaded":
-        _fail(f"--reload: {ans.get('error')}", int(ans.get("code", 125)))
+        _fail(f"--reload: {ans.get('error')}", int(ans.get("code", TOOL)))
     classes = ", ".join(f"{k} ({v})" for k, v in sorted(ans["classes"].items()))
     click.echo(f"hold: reloaded {ans.get('config') or 'the defaults'}: {classes}")
     raise SystemExit(0)
@@ -180,9 +181,9 @@ def _client() -> Any:
     try:
         return Client.connect(_state_dir())
     except UnsafePath as e:  # a planted link in the state directory: bad input
-        _fail(str(e), 2)
+        _fail(str(e), USAGE)
     except DaemonUnreachable as e:
-        _fail(str(e), 125)
+        _fail(str(e), TOOL)
 
 
 @cli.command("status")
@@ -251,7 +252,7 @@ def check_cmd(cls: str) -> None:
         _fail(str(e))
     ok, why = check(sd, cls)
     click.echo(f"hold check: {why}", err=not ok)
-    raise SystemExit(0 if ok else 1)
+    raise SystemExit(0 if ok else NO)
 
 
 @cli.command("release")
@@ -263,12 +264,12 @@ def release_cmd(lease_id: str) -> None:
     ans = client.recv(time.monotonic() + 3600)
     if ans is None or ans.get("ev") == "error":
         _fail(str(ans.get("error") if ans else "the daemon closed the connection"),
-              int(ans.get("code", 2)) if ans else 125)  # fmt: skip
+              int(ans.get("code", USAGE)) if ans else TOOL)  # fmt: skip
     survivors = ans.get("survivors") or []
     for s in survivors:
         click.echo(f"hold: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True)
     click.echo(f"hold: lease {lease_id} released")
-    raise SystemExit(3 if survivors else 0)
+    raise SystemExit(SURVIVORS if survivors else 0)
 
 
 @cli.command("audit")
@@ -304,7 +305,7 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
                 _fail("--kill without --yes needs a terminal to ask at")
             click.echo(render_table(doc))
             if not click.confirm(f"Stop the trees of {len(strays)} stray holder(s)?"):
-                raise SystemExit(1)
+                raise SystemExit(NO)
         doc["killed"] = kill_strays(doc, sd, grace_s)
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
@@ -317,8 +318,8 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
             for s in k.get("survivors", []):
                 click.echo(f"  survivor pid {s['pid']} ({s['found_by']}): {s['command']}")
     if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
-        raise SystemExit(3)
-    raise SystemExit(1 if strays else 0)
+        raise SystemExit(SURVIVORS)
+    raise SystemExit(NO if strays else 0)
 
 
 # ---------------------------------------------------------------------- stacks (hold.stackcmd)

@@ -11,13 +11,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from supervisor.exitcodes import USAGE
     from supervisor.parse import BadValue
 
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     except BadValue as e:  # bad input found deep down: still exit 2, not a traceback
         print(f"hold: {e}", file=sys.stderr)
-        return 2
+        return USAGE
 
 
 def _main(argv: list[str]) -> int:
@@ -33,19 +34,20 @@ def _main(argv: list[str]) -> int:
 
         return main_down(argv[1])
     from hold.cli import cli
+    from supervisor.exitcodes import CANCELLED, USAGE
 
     try:
         return int(cli.main(args=argv, prog_name="hold", standalone_mode=False) or 0)
     except SystemExit as e:
-        return int(e.code or 0) if not isinstance(e.code, str) else 2
+        return int(e.code or 0) if not isinstance(e.code, str) else USAGE
     except Exception as e:
         import click
 
         if isinstance(e, click.exceptions.Abort):
-            return 130
+            return CANCELLED
         if isinstance(e, click.ClickException):
             e.show()
-            return 2
+            return USAGE
         raise
 
 

@@ -19,10 +19,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from supervisor.parse import BadValue, format_duration, parse_cpus, parse_duration
+from hold.lease import DEFAULT_TTL, acquire_lease, daemon_event
+from supervisor import exitcodes
+from supervisor.parse import BadValue, parse_cpus, parse_duration
 
 if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.client import Client
@@ -30,9 +32,6 @@ if TYPE_CHECKING:  # imported where used: see the module docstring
     from supervisor.foreground import Cause
 
 USAGE = "hold run [OPTIONS] -- COMMAND [ARG...]"
-DEFAULT_TTL = 24 * 3600.0  # a lease without -t; shown by `hold status`
-EXIT_BUSY = 75
-EXIT_TOOL = 125
 
 # (long, short, metavar or None for a flag, help)
 Option = tuple[str, str | None, str | None, str]
@@ -226,7 +225,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
         args = parse_run_args(argv, device=device)
     except (UsageError, BadValue) as e:
         print(f"{prog}: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     if args.help:
         usage = USAGE if prog == "hold run" else f"{prog} [OPTIONS] -- COMMAND [ARG...]"
         print(help_text(usage))
@@ -253,7 +252,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
         sd = open_state_dir()
     except BadValue as e:
         print(f"{prog}: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     # Until the command runs (and its own handlers take over), a signal ends
     # us cleanly: we may be starting the daemon or waiting in line, and a
     # traceback (or a silent death that leaves an empty cgroup leaf) is no answer.
@@ -267,7 +266,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     except Interrupted as e:
         print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running",
               file=sys.stderr)  # fmt: skip
-        return 128 + e.signum
+        return exitcodes.signalled(e.signum)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -317,7 +316,7 @@ class Run:
             hierarchy = hierarchy_for(self.cgroups)
         except CgroupUnavailable as e:
             self.say(f"cgroups: required, but {e}")
-            return 2
+            return exitcodes.USAGE
         tree_id = os.urandom(6).hex()
         env = minimal_env(os.environ, tree_id=tree_id, pass_names=args.pass_env, extra=args.env)
         try:  # refuse a missing command before taking anyone's device
@@ -333,11 +332,11 @@ class Run:
             client = Client.with_session(self.sd, config=self.config_digest)
         except ConfigMismatch as e:
             self.say(str(e))
-            return 2
+            return exitcodes.USAGE
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if self.spec is not None:
                 self.say(f"cannot reach the ticket daemon: {e}")
-                return EXIT_TOOL
+                return exitcodes.TOOL
             self.say(f"warning: no guardian for this command ({e}); it is stopped only "
                      "while this process lives")  # fmt: skip
             client = None
@@ -363,13 +362,13 @@ class Run:
                 fg.timeout = self.expires - time.time()
         except (OSError, TimeoutError) as e:
             self.say(f"lost the ticket daemon: {e}")
-            return EXIT_TOOL
+            return exitcodes.TOOL
         try:
             leaf = fg.prepare()
         except CgroupUnavailable as e:  # writable, yet no leaf could be made
             if self.cgroups == "required":
                 self.say(f"cgroups: required, but {e}")
-                return 2
+                return exitcodes.USAGE
             fg.hierarchy = None
             leaf = fg.prepare()
         if args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
@@ -383,7 +382,7 @@ class Run:
         except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
             fg.discard()
             self.say(f"lost the ticket daemon: {e}")
-            return EXIT_TOOL
+            return exitcodes.TOOL
         except BaseException:
             fg.discard()
             raise
@@ -418,7 +417,7 @@ class Run:
         elif kind in ("released", "lost"):
             self.say(result.cause.detail)
         if kind == "lost" and not report.survivors:
-            return EXIT_TOOL
+            return exitcodes.TOOL
         return result.exit_code
 
     # ------------------------------------------------------------------ lease
@@ -448,204 +447,3 @@ class Run:
         assert self.client is not None
         ev = daemon_event(self.client, self.say)
         return Cause(ev[0], detail=ev[1]) if ev is not None else None
-
-
-class Granted(NamedTuple):
-    lease: str
-    expires: float  # wall clock
-    devices: list[int]
-
-
-def acquire_lease(
-    client: Client,
-    sd: StateDir,
-    say: Callable[[str], None],
-    *,
-    cls: str,
-    indices: tuple[int, ...] | None,
-    count: int,
-    label: str,
-    ttl: float,
-    grace: float,
-    wait: bool,
-    wait_timeout: float | None,
-    tree: Mapping[str, object] | None,
-    env: dict[str, str],
-    private: bool = False,
-) -> Granted | int:
-    """Ask for a lease and wait in line (saying who holds the device after 1 s).
-
-    Returns the grant, with the lease's variables added to ``env``
-    (``HOLD_LEASE``, ``HOLD_DEVICES``, the class's visible-devices
-    variables), or an exit status: 75 (busy, or not granted within
-    ``wait_timeout``), 125 (daemon gone), or the daemon's refusal code.
-    Shared by ``hold run``/``npu-hold`` and ``hold up``.
-    """
-    from hold.client import DaemonUnreachable
-    from hold.config import load
-    from hold.devices import DeviceClass, classes_from_config
-    from hold.gpuids import usable_indices, visible_env
-
-    # The daemon's definition of the class, where it sent one: it grants the
-    # devices, so its nodes are the ones the command is told about.
-    theirs = (client.info.get("class_defs") or {}).get(cls)
-    if isinstance(theirs, dict):
-        klass: DeviceClass | None = DeviceClass(
-            cls, *(tuple(str(v) for v in theirs.get(k) or ()) for k in
-                   ("nodes", "shared_nodes", "visible_env", "allowed_holders")),
-        )  # fmt: skip
-    else:
-        cfg = load()
-        klass = classes_from_config(cfg.devices, cfg.path).get(cls)
-    # Inside an allocation (a Slurm job, a container) only the devices this
-    # caller can use are asked for; the daemon grants from those alone.
-    allowed = usable_indices(klass, os.environ) if klass is not None else None
-    ask = {
-        "op": "acquire", "cls": cls, "indices": indices, "count": count,
-        "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
-        "private": private, "allowed": allowed,
-    }  # fmt: skip
-
-    def ask_a_new_daemon() -> bool:
-        """A new session (a daemon started if need be) and the request again."""
-        try:
-            client.reopen()
-            client.send(ask)
-        except (DaemonUnreachable, OSError, TimeoutError) as e:
-            say(f"cannot reach the ticket daemon: {e}")
-            return False
-        return True
-
-    try:
-        client.send(ask)
-    except OSError:  # the daemon went away since the session was opened
-        if not ask_a_new_daemon():
-            return EXIT_TOOL
-    start = time.monotonic()
-    deadline = None if wait_timeout is None else start + wait_timeout
-    shown: object = None
-    latest: dict[str, object] | None = None
-    while True:
-        # Wake at the 1 s mark to say who holds the device; otherwise only
-        # when the daemon tells us something changed.
-        wake = deadline
-        if shown is None and latest is not None:
-            mark = start + 1.0
-            wake = mark if wake is None else min(wake, mark)
-        try:
-            msg = client.recv(wake)
-        except TimeoutError:
-            if deadline is not None and time.monotonic() >= deadline:
-                say(f"{cls} not granted within {wait_timeout:g}s; giving up")
-                return EXIT_BUSY
-            msg = None
-            if latest is not None:
-                shown = latest
-                say(describe_wait(cls, latest))
-            continue
-        if msg is None:
-            # The daemon died before granting anything (it keeps no waiting
-            # requests): start one and ask again, at the end of the line.
-            say("the ticket daemon went away; asking a new one (the place in line is lost)")
-            if not ask_a_new_daemon():
-                return EXIT_TOOL
-            continue
-        ev = msg.get("ev")
-        if ev == "granted":
-            lease = str(msg["lease"])
-            devices = [int(i) for i in msg["devices"]]
-            env["HOLD_LEASE"] = lease
-            env["HOLD_DEVICES"] = ",".join(f"{cls}:{i}" for i in devices)
-            # `hold check` inside the lease must ask this state directory
-            # (and know this configuration's classes): the allowlist drops
-            # HOLD_STATE_DIR, HOLD_CONFIG and XDG_RUNTIME_DIR, and without
-            # them it would look in the default place and answer "no".
-            env.setdefault("HOLD_STATE_DIR", sd.path)
-            if os.environ.get("HOLD_CONFIG"):
-                env.setdefault("HOLD_CONFIG", os.environ["HOLD_CONFIG"])
-            if klass is not None:
-                env.update(visible_env(klass, devices))
-            if shown is not None:
-                say(f"granted {env['HOLD_DEVICES']} (lease {lease})")
-            return Granted(lease, float(msg["expires"]), devices)
-        if ev == "queued":
-            latest = msg
-            if time.monotonic() - start >= 1.0 and msg != shown:
-                shown = msg
-                say(describe_wait(cls, msg))
-        elif ev == "busy":
-            say(describe_wait(cls, msg, busy=True))
-            return EXIT_BUSY
-        elif ev == "warning":
-            say("warning: granted although " + describe_wait(cls, msg, busy=True))
-        elif ev == "error":
-            say(str(msg.get("error")))
-            return int(msg.get("code", EXIT_TOOL))
-
-
-def daemon_event(client: Client, say: Callable[[str], None]) -> tuple[str, str] | None:
-    """What a message from the daemon means for a running lease holder:
-    ``("expired" | "released" | "lost", detail)``, or None (nothing to do).
-
-    If the daemon went away (crashed, restarted), one is started and the
-    session re-attached; "lost" if that fails.
-    """
-    from hold.client import DaemonUnreachable
-
-    msgs = client.read_available()
-    if msgs is None:
-        try:
-            ans = client.reattach()
-        except (DaemonUnreachable, OSError, TimeoutError) as e:
-            return ("lost", f"lost the ticket daemon and could not re-attach: {e}")
-        if ans.get("ev") != "attached":
-            return ("lost", f"the daemon no longer knows this lease: {ans.get('error')}")
-        say("re-attached to a restarted ticket daemon")
-        msgs = [ans]
-    for msg in msgs:
-        if msg.get("ev") == "expired":
-            return ("expired", "the lease's time limit was reached")
-        if msg.get("ev") == "released":
-            return ("released", f"lease released by {msg.get('by')}")
-    return None
-
-
-def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
-    holders = note.get("holders") or []
-    assert isinstance(holders, list)
-    now = time.time()
-    parts = []
-    for h in holders:
-        since = now - float(h["since"])
-        until = time.strftime("%H:%M:%S", time.localtime(float(h["expires"])))
-        devs = ",".join(str(d) for d in h["devices"])
-        parts.append(f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
-                     f"user {h['user']}) for {format_duration(since)}, until {until}")  # fmt: skip
-    blocked = note.get("blocked") or []
-    assert isinstance(blocked, list)
-    for b in blocked:
-        for h in b["holders"]:
-            mem = h.get("memory_bytes")
-            used = f", {mem / 2**30:.1f} GiB on the device" if mem else ""
-            parts.append(f"{cls}:{b['index']} held OUTSIDE any lease by pid {h['pid']} (user "
-                         f"{h['user']}: {h['command']}{used})")  # fmt: skip
-    elsewhere = note.get("elsewhere") or []
-    assert isinstance(elsewhere, list)
-    for e in elsewhere:
-        if "error" in e:
-            parts.append(f"{cls}:{e['index']} cannot be locked ({e['error']})")
-            continue
-        when = ""
-        if isinstance(e.get("since"), float) and isinstance(e.get("until"), float):
-            began = time.strftime("%H:%M:%S", time.localtime(e["since"]))
-            ends = time.strftime("%H:%M:%S", time.localtime(e["until"]))
-            when = f", since {began}, until {ends}"
-        label = f" {e['label']!r}" if e.get("label") else ""
-        parts.append(f"{cls}:{e['index']} held by user {e.get('user', '?')}'s lease"
-                     f"{label} (pid {e.get('pid', '?')}{when}) through another "
-                     "ticket daemon")  # fmt: skip
-    who = "; ".join(parts) or f"{cls} is being checked for the next holder"
-    if busy:
-        return f"{cls} is taken: {who}"
-    pos = note.get("position")
-    return f"waiting for {cls}, number {pos} in line: {who}"

@@ -4,7 +4,7 @@
 module adds what ``hold`` is for:
 
 * with ``hold:`` in the file, the ticket is taken first (waiting in line as
-  ``npu-hold`` does, through :func:`hold.runcmd.acquire_lease`), and every
+  ``npu-hold`` does, through :func:`hold.lease.acquire_lease`), and every
   unit gets its variables (``HOLD_LEASE``, ``CUDA_VISIBLE_DEVICES``...) and
   runs inside it, so units pass ``hold check``;
 * every unit's tree is registered with the daemon before anything is spawned
@@ -26,6 +26,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from supervisor.exitcodes import EXPIRED, NO, OK, SURVIVORS, TOOL, UNIT_FAILED, USAGE, signalled
 from supervisor.parse import BadValue, format_duration
 
 if TYPE_CHECKING:
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
     from supervisor.stack import Cause
     from supervisor.stackfile import StackSpec
     from supervisor.tree import Tree
-
-EXIT_NOT_RUNNING = 1
-EXIT_TOOL = 125
 
 
 def say(text: str, prog: str = "hold up") -> None:
@@ -112,10 +110,10 @@ def main_validate(path: str) -> int:
     except StackFileError as e:
         for line in e.errors:
             print(line, file=sys.stderr)
-        return 2
+        return USAGE
     except BadValue as e:
         say(str(e), "hold validate")
-        return 2
+        return USAGE
     hold = f", inside a {spec.hold.device} ticket" if spec.hold else ""
     print(
         f"{path}: stack {spec.name} is valid: {len(spec.units)} unit(s), started in the order "
@@ -145,10 +143,10 @@ def main_up(
     except StackFileError as e:
         for line in e.errors:
             print(line, file=sys.stderr)
-        return 2
+        return USAGE
     except BadValue as e:
         say(str(e))
-        return 2
+        return USAGE
     if detach:
         return _detach(path, spec, sd, run_for)
     # Until the stack's own loop takes the stop signals over, one ends this
@@ -163,7 +161,7 @@ def main_up(
     except Interrupted as e:
         say(f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
             "nothing is left running")  # fmt: skip
-        return 128 + e.signum
+        return signalled(e.signum)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -242,7 +240,7 @@ class StackRun:
             hierarchy = hierarchy_for(cfg.cgroups)
         except CgroupUnavailable as e:
             self.say(f"cgroups: required, but {e}")
-            return 2
+            return USAGE
         display = Display(write=self.status.write, live=False) if self.status else Display()
         stack = Stack(
             spec,
@@ -273,12 +271,12 @@ class StackRun:
         except ConfigMismatch as e:
             stack.release()
             self.say(str(e))
-            return 2
+            return USAGE
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if spec.hold is not None:
                 stack.release()
                 self.say(f"cannot reach the ticket daemon: {e}")
-                return EXIT_TOOL
+                return TOOL
             self.say(
                 f"warning: no guardian for this stack ({e}); its units are stopped "
                 "only while this process lives"
@@ -311,12 +309,12 @@ class StackRun:
     def _acquire(self, env: dict[str, str]) -> int | None:
         from hold.config import load
         from hold.devices import classes_from_config, parse_device_spec
-        from hold.runcmd import DEFAULT_TTL, acquire_lease
+        from hold.lease import DEFAULT_TTL, acquire_lease
 
         hold = self.spec.hold
         assert hold is not None
         if self.client is None:
-            return EXIT_TOOL
+            return TOOL
         cfg = load()
         cls, indices = parse_device_spec(
             hold.device, classes_from_config(cfg.devices, cfg.path), what="device"
@@ -369,12 +367,12 @@ class StackRun:
             )
         except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
             raise StackError(
-                [f"lost the ticket daemon while registering {unit}: {e}"], EXIT_TOOL
+                [f"lost the ticket daemon while registering {unit}: {e}"], TOOL
             ) from None
         if ans.get("ev") != "ok":
             msg = f"the daemon refused to guard unit {unit}: {ans.get('error')}"
             if self.spec.hold is not None:
-                raise StackError([msg], EXIT_TOOL)
+                raise StackError([msg], TOOL)
             self.say(f"warning: {msg}")
 
     def _on_started(self, unit: str, tree: Tree) -> None:
@@ -388,15 +386,15 @@ class StackRun:
                 pass
 
     def _on_daemon(self, fd: int) -> Cause | None:
-        from hold.runcmd import daemon_event
-        from supervisor.stack import EXIT_OK, Cause
+        from hold.lease import daemon_event
+        from supervisor.stack import Cause
 
         assert self.client is not None
         ev = daemon_event(self.client, self.say)
         if ev is None:
             return None
         kind, detail = ev
-        code = {"expired": 124, "released": EXIT_OK}.get(kind, EXIT_TOOL)
+        code = {"expired": EXPIRED, "released": OK}.get(kind, TOOL)
         return Cause(kind, detail, code)
 
 
@@ -412,7 +410,7 @@ def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> in
         log = open_for_append(log_path)
     except UnsafePath as e:
         say(str(e))
-        return 2
+        return USAGE
     r, w = os.pipe()
     argv = [sys.executable, "-m", "hold", "up", "--status-fd", str(w)]
     if run_for is not None:
@@ -496,13 +494,13 @@ def main_ps(name: str | None, as_json: bool) -> int:
             stacks = [ans] if ans is not None else []
     except BadValue as e:
         say(str(e), "hold ps")
-        return 2
+        return USAGE
     if as_json:
         print(json.dumps(stacks if name is None else (stacks[0] if stacks else None), indent=2))
-        return 0 if stacks or name is None else EXIT_NOT_RUNNING
+        return 0 if stacks or name is None else NO
     if name is not None and not stacks:
         say(f"stack {name} is not running", "hold ps")
-        return EXIT_NOT_RUNNING
+        return NO
     if name is None:
         if not stacks:
             print("no stack is running")
@@ -570,17 +568,17 @@ def main_logs(name: str, unit: str, follow: bool, lines: int | None) -> int:
         sd = _open_sd()
     except BadValue as e:
         say(str(e), "hold logs")
-        return 2
+        return USAGE
     run_dir = run_dir_of(sd, name)
     logs = os.path.join(run_dir, "logs")
     if not os.path.isdir(logs):
         say(f"no stack {name!r} has run here (nothing in {os.path.dirname(run_dir)})", "hold logs")
-        return 2
+        return USAGE
     path = os.path.join(logs, f"{unit}.log")
     if "/" in unit or not os.path.isfile(path):
         units = sorted(f[:-4] for f in os.listdir(logs) if f.endswith(".log"))
         say(f"no unit {unit!r} in stack {name} (units: {', '.join(units)})", "hold logs")
-        return 2
+        return USAGE
     text, ino, offset = tail_lines(path, lines)
     for line in text:
         print(line)
@@ -618,23 +616,23 @@ def main_down(name: str) -> int:
         ans = {"ev": "stopped", "code": 0, "survivors": []}  # it was already stopping
     except BadValue as e:
         say(str(e), "hold down")
-        return 2
+        return USAGE
     if ans is None:
         return _down_starting(name)
     if ans.get("ev") == "error":
         say(str(ans.get("error")), "hold down")
-        return int(ans.get("code", 2))
+        return int(ans.get("code", USAGE))
     # Return only once the stack's process has finished (it holds its lock
     # until then): after a reset connection we have no word of the stop, and
     # "stopped" must never be said while a unit may still be running.
     if not _wait_unlocked(os.path.join(run_dir_of(_open_sd(), name), "stack.lock"), 3600):
         say(f"stack {name} is still stopping after an hour; see hold ps {name}", "hold down")
-        return 125
+        return TOOL
     for s in ans.get("survivors") or []:
         say(f"survivor pid {s['pid']} ({s['found_by']}): {s['command']}", "hold down")
     code = int(ans.get("code", 0))
-    say(f"stack {name} stopped" + (" (with survivors)" if code == 3 else ""), "hold down")
-    return 3 if code == 3 else 0
+    say(f"stack {name} stopped" + (" (with survivors)" if code == SURVIVORS else ""), "hold down")
+    return SURVIVORS if code == SURVIVORS else OK
 
 
 def _down_starting(name: str) -> int:
@@ -653,10 +651,10 @@ def _down_starting(name: str) -> int:
         pass
     except PermissionError:
         say(f"stack {name} (pid {pid}) is not yours to stop", "hold down")
-        return 2
+        return USAGE
     if not _wait_unlocked(lock, 3600):
         say(f"stack {name} is still stopping after an hour; see hold ps {name}", "hold down")
-        return 125
+        return TOOL
     say(f"stack {name} stopped", "hold down")
     return 0
 
@@ -707,12 +705,12 @@ def main_restart(name: str, unit: str) -> int:
         ans = _request(name, {"op": "restart", "unit": unit}, "hold restart", timeout=3600)
     except BadValue as e:
         say(str(e), "hold restart")
-        return 2
+        return USAGE
     if ans is None:
         say(f"stack {name} is not running", "hold restart")
-        return EXIT_NOT_RUNNING
+        return NO
     if ans.get("ev") == "error":
         say(str(ans.get("error")), "hold restart")
-        return int(ans.get("code", 4))
+        return int(ans.get("code", UNIT_FAILED))
     say(f"{unit} restarted (pid {ans.get('pid')})", "hold restart")
     return 0

@@ -20,12 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from supervisor import cgroup as cg
+from supervisor.exitcodes import EXPIRED, SURVIVORS, signalled
 from supervisor.spawn import Child, owned_pids, spawn
 from supervisor.stop import StopReport, reap_adopted, stop_tree
 from supervisor.tree import Tree
-
-EXIT_SURVIVORS = 3
-EXIT_EXPIRED = 124
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -191,13 +189,13 @@ class Foreground:
             os.close(wake_w)
 
         if report.survivors:
-            code = EXIT_SURVIVORS
+            code = SURVIVORS
         elif cause.kind == "expired":
-            code = EXIT_EXPIRED
+            code = EXPIRED
         elif returncode is None:
-            code = EXIT_SURVIVORS
+            code = SURVIVORS
         elif returncode < 0:
-            code = 128 - returncode
+            code = signalled(-returncode)
         else:
             code = returncode
         return RunResult(code, cause, returncode, report)

@@ -34,6 +34,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from supervisor.cgroup import Leaf
+from supervisor.exitcodes import NOT_EXECUTABLE, NOT_FOUND, TOOL
 from supervisor.identity import Handle, ProcessId, read_stat
 from supervisor.parse import format_cpus
 
@@ -75,8 +76,8 @@ def resolve(program: str, path: str | None) -> str:
             return cand
         denied = denied or f"{cand}: permission denied"
     if denied is not None:
-        raise SpawnError(f"{program}: not executable ({denied})", 126)
-    raise SpawnError(f"{program}: command not found", 127)
+        raise SpawnError(f"{program}: not executable ({denied})", NOT_EXECUTABLE)
+    raise SpawnError(f"{program}: command not found", NOT_FOUND)
 
 
 # Children spawned here and not yet reaped, by pid. A subreaper that adopts
@@ -272,11 +273,11 @@ def spawn(
                 **({"setsid": True} if new_session else {"setpgroup": 0}),
             )
         except FileNotFoundError:
-            raise SpawnError(f"{argv[0]}: command not found", 127) from None
+            raise SpawnError(f"{argv[0]}: command not found", NOT_FOUND) from None
         except PermissionError:
-            raise SpawnError(f"{argv[0]}: permission denied", 126) from None
+            raise SpawnError(f"{argv[0]}: permission denied", NOT_EXECUTABLE) from None
         except OSError as e:
-            raise SpawnError(f"{argv[0]}: {e.strerror}", 126) from None
+            raise SpawnError(f"{argv[0]}: {e.strerror}", NOT_EXECUTABLE) from None
     finally:
         if saved is not None:
             os.sched_setaffinity(0, saved)
@@ -303,5 +304,5 @@ def _verify_mask(child: Child, cpus: frozenset[int]) -> None:
         child.send_signal(signal.SIGKILL)
         child.wait()
         raise SpawnError(
-            f"CPU mask not applied: asked {format_cpus(cpus)}, child has {format_cpus(seen)}", 125
+            f"CPU mask not applied: asked {format_cpus(cpus)}, child has {format_cpus(seen)}", TOOL
         )

@@ -57,6 +57,7 @@ from supervisor import readiness
 from supervisor.cgroup import Hierarchy, Leaf
 from supervisor.display import Display
 from supervisor.environ import minimal_env
+from supervisor.exitcodes import BUSY, NOT_READY, OK, SURVIVORS, TOOL, UNIT_FAILED, USAGE
 from supervisor.identity import read_stat
 from supervisor.output import LineReader
 from supervisor.parse import format_cpus
@@ -69,12 +70,6 @@ from supervisor.task import Call, CallRefused, CallResult, TaskRunner
 from supervisor.tree import Tree
 from supervisor.unitlog import RotatingLog
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_SURVIVORS = 3
-EXIT_START = 4
-EXIT_NOT_READY = 5
-
 TAIL = 20  # output lines kept per unit for messages
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -82,7 +77,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 class StackError(Exception):
     """Refused before anything started; ``code`` is the exit status, ``errors`` every reason."""
 
-    def __init__(self, errors: list[str], code: int = EXIT_USAGE) -> None:
+    def __init__(self, errors: list[str], code: int = USAGE) -> None:
         super().__init__("\n".join(errors))
         self.errors = errors
         self.code = code
@@ -357,7 +352,7 @@ class Stack:
             if u.port is not None:
                 ports[u.name] = u.port
         errors: list[str] = []
-        code = EXIT_USAGE
+        code = USAGE
         for u in self.units.values():
             f = functools.partial(fill, unit=u.name, ports=ports, run_dir=self.run_dir)
             u.argv = tuple(f(a) for a in u.spec.cmd)
@@ -567,7 +562,7 @@ class Stack:
                     self.on_tree_prepared(u.name, u.tree_id, u.leaf)
         except CgroupUnavailable as e:
             self._remove_leaves()
-            raise StackError([f"cgroups: {e}"], 125) from None
+            raise StackError([f"cgroups: {e}"], TOOL) from None
         except BaseException:
             self._remove_leaves()
             raise
@@ -612,7 +607,7 @@ class Stack:
             try:
                 self._loop(sig_r)
             except BaseException as e:  # an internal error still stops everything
-                self.cause = Cause("internal", f"internal error: {e!r}", 125)
+                self.cause = Cause("internal", f"internal error: {e!r}", TOOL)
                 raise
             finally:
                 result = self._stop_all()
@@ -725,7 +720,7 @@ class Stack:
             and self.up_at is not None
             and now >= self.up_at + self.run_for
         ):
-            self.cause = Cause("time", f"ran for {self.run_for:g}s as asked", EXIT_OK)
+            self.cause = Cause("time", f"ran for {self.run_for:g}s as asked", OK)
             return
         for u in self.units.values():
             if self.cause is None and u.restart_at is not None and now >= u.restart_at:
@@ -739,7 +734,7 @@ class Stack:
                     reap_adopted(owned_pids())
             elif signum in STOP_SIGNALS and self.cause is None:
                 name = signal.Signals(signum).name
-                self.cause = Cause("signal", f"{name} received", EXIT_OK)
+                self.cause = Cause("signal", f"{name} received", OK)
 
     # ------------------------------------------------------------------ starting
 
@@ -764,7 +759,7 @@ class Stack:
         try:
             self._post("result", u, *self._start_and_wait(u, restart))
         except BaseException as e:
-            self._post("result", u, "failed", EXIT_START, f"internal error: {e!r}")
+            self._post("result", u, "failed", UNIT_FAILED, f"internal error: {e!r}")
 
     def _start_and_wait(self, u: Unit, restart: bool) -> tuple[str, int, str]:
         if self.abort.is_set():
@@ -789,7 +784,7 @@ class Stack:
                 cgroup=u.leaf,
             )
         except SpawnError as e:
-            return ("failed", EXIT_START, str(e))
+            return ("failed", UNIT_FAILED, str(e))
         finally:
             os.close(devnull)
         u.child = child
@@ -819,7 +814,7 @@ class Stack:
             if code is not None:
                 return (
                     "failed",
-                    EXIT_START,
+                    UNIT_FAILED,
                     f"exited with {_status(code)} before it was ready "
                     f"(after {time.monotonic() - u.spawned_at:.2f}s)",
                 )
@@ -829,12 +824,12 @@ class Stack:
             if answer.ok:
                 return ("ready", 0, answer.detail)
             if answer.fatal:
-                return ("failed", EXIT_NOT_READY, answer.detail)
+                return ("failed", NOT_READY, answer.detail)
             left = deadline - time.monotonic()
             if left <= 0:
                 return (
                     "failed",
-                    EXIT_NOT_READY,
+                    NOT_READY,
                     f"not ready within {ready.timeout:g}s ({ready.describe()}: {answer.detail})",
                 )
             poller.poll(min(interval, left) * 1000)
@@ -884,7 +879,7 @@ class Stack:
         u.detail = why
         self._reap_if_exited(u)
         if self.phase == "starting" and u.total_restarts == 0:
-            what = "never became ready" if code == EXIT_NOT_READY else "failed to start"
+            what = "never became ready" if code == NOT_READY else "failed to start"
             self._fail(
                 Cause(
                     "start",
@@ -941,7 +936,7 @@ class Stack:
         self.say(
             f"{u.name}: exited with {_status(code)} after {time.monotonic() - u.spawned_at:.2f}s"
         )
-        self._after_end(u, failed=code != 0, code=EXIT_START, why=f"exited with {_status(code)}")
+        self._after_end(u, failed=code != 0, code=UNIT_FAILED, why=f"exited with {_status(code)}")
 
     def _after_end(self, u: Unit, *, failed: bool, code: int, why: str) -> None:
         """Restart per policy (after stopping what it left), or stop the stack."""
@@ -963,7 +958,7 @@ class Stack:
             how = "not restarted" + (f" (restart policy {r.policy})" if r.policy != "no" else "")
         else:
             how = f"restarts exhausted ({u.restarts} of {r.max} in a row)"
-        status = code if failed else EXIT_OK
+        status = code if failed else OK
         self._fail(Cause("unit", f"unit {u.name} {why}; {how}: stopping the stack", status), u)
 
     def _clean_job(self, u: Unit, delay: float) -> None:
@@ -986,9 +981,7 @@ class Stack:
             self.say(f"{u.name}: stopped what it left: {report.summary()}")
         if report is not None and report.survivors:
             self._fail(
-                Cause(
-                    "unit", f"unit {u.name}: processes it left survived the stop", EXIT_SURVIVORS
-                ),
+                Cause("unit", f"unit {u.name}: processes it left survived the stop", SURVIVORS),
                 u,
             )
             return
@@ -1060,7 +1053,7 @@ class Stack:
             reply.send(
                 {
                     "ev": "error",
-                    "code": 75,
+                    "code": BUSY,
                     "errors": [f"stack {self.name} is {state}: calls are taken while it is up"],
                 },
                 done=True,
@@ -1102,7 +1095,7 @@ class Stack:
         reply.send({"ev": "stopping"})
         self.down_waiters.append(reply)
         if self.cause is None:
-            self.cause = Cause("down", "hold down", EXIT_OK)
+            self.cause = Cause("down", "hold down", OK)
 
     def _restart(self, name: str, reply: Reply) -> None:
         u = self.units.get(name)
@@ -1110,7 +1103,7 @@ class Stack:
             reply.send(
                 {
                     "ev": "error",
-                    "code": EXIT_USAGE,
+                    "code": USAGE,
                     "error": f"no unit {name!r} in stack "
                     f"{self.name} (units: {', '.join(self.units)})",
                 },
@@ -1125,7 +1118,7 @@ class Stack:
             reply.send(
                 {
                     "ev": "error",
-                    "code": 75,
+                    "code": BUSY,
                     "error": f"unit {name} is {u.state}; try again when it is ready",
                 },
                 done=True,
@@ -1148,23 +1141,27 @@ class Stack:
                         "result",
                         u,
                         "failed",
-                        EXIT_SURVIVORS,
+                        SURVIVORS,
                         "survivors after the stop for a restart",
                     )
                     reply.send(
-                        {"ev": "error", "code": EXIT_SURVIVORS, "error": report.summary()},
+                        {"ev": "error", "code": SURVIVORS, "error": report.summary()},
                         done=True,
                     )
                     return
             outcome, code, why = self._start_and_wait(u, True)
         except BaseException as e:
-            outcome, code, why = "failed", EXIT_START, f"internal error: {e!r}"
+            outcome, code, why = "failed", UNIT_FAILED, f"internal error: {e!r}"
         self._post("result", u, outcome, code, why)
         if outcome == "ready":
             reply.send({"ev": "restarted", "unit": u.name, "pid": u.pid}, done=True)
         else:
             reply.send(
-                {"ev": "error", "code": code or EXIT_START, "error": f"{u.name}: {why or outcome}"},
+                {
+                    "ev": "error",
+                    "code": code or UNIT_FAILED,
+                    "error": f"{u.name}: {why or outcome}",
+                },
                 done=True,
             )
 
@@ -1209,7 +1206,7 @@ class Stack:
         return [levels[d] for d in sorted(levels, reverse=True)]
 
     def _stop_all(self) -> StackResult:
-        cause = self.cause or Cause("internal", "stopped", 125)
+        cause = self.cause or Cause("internal", "stopped", TOOL)
         self.abort.set()
         for u in self.units.values():
             u.wake()
@@ -1286,7 +1283,7 @@ class Stack:
                 reports.append(("(adopted orphans)", rep))
                 self.say(f"stopped orphans no unit claimed: {rep.summary()}")
         survivors = [s for _, r in reports for s in r.survivors]
-        code = EXIT_SURVIVORS if survivors else cause.code
+        code = SURVIVORS if survivors else cause.code
         for u in started:
             u.state = "stopped" if u.pid is None else "survived"
         if survivors:

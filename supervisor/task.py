@@ -81,6 +81,7 @@ from typing import Any
 from supervisor import procscan
 from supervisor.cgroup import CgroupUnavailable, Hierarchy, Leaf, hierarchy_for
 from supervisor.environ import minimal_env
+from supervisor.exitcodes import CANCELLED, EXPIRED, SURVIVORS, TOOL, signalled
 from supervisor.parse import format_cpus
 from supervisor.spawn import Child, SpawnError, owned_pids, read_cpus_allowed, spawn
 from supervisor.stackfile import ArgSpec, UnitSpec
@@ -101,11 +102,6 @@ from supervisor.unitlog import RotatingLog
 DEFAULT_TIMEOUT = 60.0  # a task unit without `timeout`
 STDOUT_LIMIT = 1 << 20  # bytes of stdout kept per call
 STDERR_TAIL = 64 << 10  # bytes of stderr kept per call (the last ones)
-
-EXIT_SURVIVORS = 3
-EXIT_TIMEOUT = 124
-EXIT_TOOL = 125
-EXIT_CANCELLED = 130  # as a command interrupted by Ctrl-C
 
 CALL_MARKER = "HOLD_CALL"  # HOLD_CALL=<call id>, beside HOLD_TREE=<the unit's tree id>
 # The parked stub: into its leaf, then wait for the go line (the call's id; sh's
@@ -599,7 +595,7 @@ class TaskRunner:
             try:
                 result = self._run(call)
             except BaseException as e:  # an internal error still ends the call
-                result = self._failed(call, EXIT_TOOL, f"internal error: {e!r}", 0.0)
+                result = self._failed(call, TOOL, f"internal error: {e!r}", 0.0)
             with self._lock:
                 self.finished += 1
             self._record(result)
@@ -616,7 +612,7 @@ class TaskRunner:
                 self._calls.pop(call.id, None)
 
     def _failed(self, call: Call, code: int, why: str, queued: float) -> CallResult:
-        outcome = "cancelled" if code == EXIT_CANCELLED else "failed"
+        outcome = "cancelled" if code == CANCELLED else "failed"
         return CallResult(
             call.id, self.name, outcome, code, None, b"", False, 0, b"", False,
             0.0, queued, self.cpus, call.args_sha256, None, why,
@@ -625,7 +621,7 @@ class TaskRunner:
     def _run(self, call: Call) -> CallResult:
         if not call._slot_taken and not self._slots.take(call):
             queued = time.monotonic() - call.submitted_at
-            return self._failed(call, EXIT_CANCELLED, call.cancel_reason, queued)
+            return self._failed(call, CANCELLED, call.cancel_reason, queued)
         try:
             return self._run_slot(call)
         finally:
@@ -634,7 +630,7 @@ class TaskRunner:
     def _run_slot(self, call: Call) -> CallResult:
         queued = time.monotonic() - call.submitted_at
         if call.cancel_requested:
-            return self._failed(call, EXIT_CANCELLED, call.cancel_reason, queued)
+            return self._failed(call, CANCELLED, call.cancel_reason, queued)
         parked = self._take_parked()
         if parked is not None:
             try:
@@ -647,7 +643,7 @@ class TaskRunner:
             try:
                 leaf = self.calls_base.create(f"hold-{call.id}")
             except CgroupUnavailable as e:
-                return self._failed(call, EXIT_TOOL, f"cgroups: {e}", queued)
+                return self._failed(call, TOOL, f"cgroups: {e}", queued)
         try:
             return self._spawn_and_watch(call, leaf, queued)
         finally:
@@ -864,15 +860,15 @@ class TaskRunner:
         wall = time.monotonic() - t0
         survivors = tuple(report.survivors)
         if survivors:
-            code = EXIT_SURVIVORS
+            code = SURVIVORS
         elif outcome == "timeout":
-            code = EXIT_TIMEOUT
+            code = EXPIRED
         elif outcome == "cancelled":
-            code = EXIT_CANCELLED
+            code = CANCELLED
         elif returncode is None:
-            code = EXIT_SURVIVORS
+            code = SURVIVORS
         elif returncode < 0:
-            code = 128 - returncode
+            code = signalled(-returncode)
         else:
             code = returncode
         detail = {

@@ -1,0 +1,29 @@
+"""The exit codes, one table (the README's "Exit codes" section).
+
+Here in ``supervisor/`` because the supervisor returns most of them and must
+never import ``hold/``; ``hold/`` takes them from here.
+"""
+
+from __future__ import annotations
+
+import signal
+
+OK = 0  # success
+NO = 1  # a check answered no (or: no such stack is running)
+USAGE = 2  # usage or configuration error, refusal before anything started
+SURVIVORS = 3  # survivors remained after a stop
+UNIT_FAILED = 4  # a unit failed to start (or ended with no restart left)
+NOT_READY = 5  # a unit never became ready
+BUSY = 75  # the device or every slot is taken, and the caller would not wait (EX_TEMPFAIL)
+EXPIRED = 124  # time limit reached, as timeout(1)
+TOOL = 125  # the tool itself failed
+NOT_EXECUTABLE = 126  # the command is not executable
+NOT_FOUND = 127  # the command was not found
+
+
+def signalled(signum: int) -> int:
+    """The exit code of a command ended by signal ``signum``: 128+N, as a shell says."""
+    return 128 + signum
+
+
+CANCELLED = signalled(signal.SIGINT)  # 130: cancelled, as a command interrupted by Ctrl-C
