@@ -56,6 +56,7 @@ from hold.statedir import StateDir
 from hold.tokens import UnsafePath, remove_owned
 from supervisor import procscan
 from supervisor.cgroup import Leaf, v2_mount
+from supervisor.exitcodes import TOOL, USAGE
 from supervisor.identity import ProcessId, read_stat
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree, signalable_by
@@ -359,7 +360,7 @@ class Daemon:
 
                 self.log.error("request_failed", pid=conn.peer.pid, uid=conn.uid,
                                error=traceback.format_exc(limit=8)[-2000:])  # fmt: skip
-            conn.send({"ev": "error", "code": 2, "error": what})
+            refuse(conn, what)
             self._on_close(conn)
 
     def _on_close(self, conn: Conn) -> None:
@@ -410,11 +411,11 @@ class Daemon:
         elif op == "reload":
             self._reload_op(conn)
         else:
-            conn.send({"ev": "error", "code": 2, "error": f"unknown op {op!r}"})
+            refuse(conn, f"unknown op {op!r}")
 
     def _open(self, conn: Conn) -> None:
         if conn.session is not None:
-            conn.send({"ev": "error", "code": 2, "error": "session already open"})
+            refuse(conn, "session already open")
             return
         sid = os.urandom(8).hex()
         s = SessionRec(sid, conn.peer.pid, conn.peer.starttime, conn.uid, _user(conn.uid))
@@ -447,16 +448,16 @@ class Daemon:
             conn.send({"ev": "retiring", "pid": os.getpid()})
             self.stopping = True
             return
-        conn.send({"ev": "error", "code": 2, "error": why})
+        refuse(conn, why)
 
     def _reload_op(self, conn: Conn) -> None:
         if conn.uid not in (0, os.geteuid()):
-            conn.send({"ev": "error", "code": 2, "error": "only root or the daemon's own user "
-                       "may reload its configuration"})  # fmt: skip
+            refuse(conn, "only root or the daemon's own user "
+                       "may reload its configuration")  # fmt: skip
             return
         why = self._reload()
         if why is not None:
-            conn.send({"ev": "error", "code": 2, "error": why})
+            refuse(conn, why)
         else:
             conn.send({"ev": "reloaded", "config": self.config_path, "classes": dict(self.sizes)})
 
@@ -468,7 +469,7 @@ class Daemon:
             or (s.owner_pid, s.owner_start) != (conn.peer.pid, conn.peer.starttime)
             or sid in self.attached
         ):
-            conn.send({"ev": "error", "code": 125, "error": f"no session {sid} to re-attach"})
+            refuse(conn, f"no session {sid} to re-attach", TOOL)
             return
         for fd, wsid in list(self.watch.items()):
             if wsid == sid:
@@ -488,27 +489,27 @@ class Daemon:
     def _acquire(self, conn: Conn, msg: Message) -> None:
         s = conn.session
         if s is None or s.lease is not None or conn.request is not None:
-            conn.send({"ev": "error", "code": 2, "error": "acquire needs an open session "
-                       "without a lease"})  # fmt: skip
+            refuse(conn, "acquire needs an open session "
+                       "without a lease")  # fmt: skip
             return
         cls = text_field(msg, "cls")
         if cls not in self.classes:
-            conn.send({"ev": "error", "code": 2, "error": f"unknown device class {cls!r} "
-                       f"(known: {', '.join(sorted(self.classes))})"})  # fmt: skip
+            known = ", ".join(sorted(self.classes))
+            refuse(conn, f"unknown device class {cls!r} (known: {known})")
             return
         size = self.sizes[cls]
         indices = ints_field(msg, "indices") or None
         allowed = ints_field(msg, "allowed")
         count = len(indices) if indices else number_field(msg, "count", int, 1)
         if count < 1 or count > size or (indices and any(i < 0 or i >= size for i in indices)):
-            conn.send({"ev": "error", "code": 2, "error": f"{cls} has {size} device(s) here; "
-                       f"cannot grant {indices or count}"})  # fmt: skip
+            refuse(conn, f"{cls} has {size} device(s) here; "
+                       f"cannot grant {indices or count}")  # fmt: skip
             return
         usable = None if allowed is None else frozenset(i for i in allowed if 0 <= i < size)
         if usable is not None and (len(usable) < count or (indices and not set(indices) <= usable)):
-            conn.send({"ev": "error", "code": 2, "error": f"only {cls}:"
+            refuse(conn, f"only {cls}:"
                        f"{','.join(map(str, sorted(usable))) or '(none)'} can be used from "
-                       f"here; cannot grant {indices or count}"})  # fmt: skip
+                       f"here; cannot grant {indices or count}")  # fmt: skip
             return
         label = text_field(msg, "label")
         why = check_label(label)
@@ -518,7 +519,7 @@ class Daemon:
             why = f"time limit {ttl} s or grace {grace} s out of range"
         tree = self._tree_from(conn, msg.get("tree")) if msg.get("tree") else None
         if why is not None or (msg.get("tree") and tree is None):
-            conn.send({"ev": "error", "code": 2, "error": why or "bad tree registration"})
+            refuse(conn, why or "bad tree registration")
             return
         self.seq += 1
         req = Request(conn, self.seq, count, indices, label, ttl, grace, tree)
@@ -571,7 +572,7 @@ class Daemon:
         s = conn.session
         tree = self._tree_from(conn, msg) if s is not None else None
         if s is None or tree is None:
-            conn.send({"ev": "error", "code": 2, "error": "bad tree registration"})
+            refuse(conn, "bad tree registration")
             return
         s.trees[tree.tree_id] = tree
         self._save()
@@ -604,11 +605,11 @@ class Daemon:
         target = next((s for s in self.sessions.values()
                        if s.lease and s.lease.lease_id == lease_id), None)  # fmt: skip
         if target is None:
-            conn.send({"ev": "error", "code": 2, "error": f"no live lease {lease_id}"})
+            refuse(conn, f"no live lease {lease_id}")
             return
         if conn.uid not in (0, target.uid):
-            conn.send({"ev": "error", "code": 2, "error": f"lease {lease_id} belongs to "
-                       f"{target.user}; only that user or root may release it"})  # fmt: skip
+            refuse(conn, f"lease {lease_id} belongs to "
+                       f"{target.user}; only that user or root may release it")  # fmt: skip
             return
         self.release_waiters.setdefault(target.session_id, []).append((conn, "released"))
         holder = self.attached.get(target.session_id)
@@ -624,7 +625,7 @@ class Daemon:
         """
         s = conn.session
         if s is None:
-            conn.send({"ev": "error", "code": 2, "error": "no session to end"})
+            refuse(conn, "no session to end")
             return
         if not s.persistent:
             self.sessions.pop(s.session_id, None)
@@ -638,8 +639,8 @@ class Daemon:
     def _check(self, conn: Conn, cls: str) -> None:
         """``hold check``, answered for the asking process (the kernel says who it is)."""
         if cls not in self.classes:
-            conn.send({"ev": "error", "code": 2, "error": "a device class: "
-                       + ", ".join(sorted(self.classes))})  # fmt: skip
+            refuse(conn, "a device class: "
+                       + ", ".join(sorted(self.classes)))  # fmt: skip
             return
         records = [self.records.record(s) for s in self.sessions.values()
                    if s.lease is not None and s.lease.state != "ending"]  # fmt: skip
@@ -869,7 +870,7 @@ class Daemon:
                 devlock.write_owner(self.locks[self.keys[cls][i]], owner)
         except (UnsafePath, OSError, ValueError) as e:
             self._log("grant_refused", s, error=str(e))
-            conn.send({"ev": "error", "code": 125, "error": f"cannot record the lease: {e}"})
+            refuse(conn, f"cannot record the lease: {e}", TOOL)
             s.lease = None
             for i in devices:
                 del self.held[(cls, i)]
@@ -1223,6 +1224,11 @@ def _limit_uid(uid: int) -> int | None:
     None (no limit) when the daemon runs as that user anyway, or for root's trees.
     """
     return None if uid == 0 or uid == os.geteuid() else uid
+
+
+def refuse(conn: Conn, why: str, code: int = USAGE) -> None:
+    """Answer a request with an error (USAGE: the request itself was wrong)."""
+    conn.send({"ev": "error", "code": code, "error": why})
 
 
 def _pidfd_exited(fd: int) -> bool:

@@ -12,11 +12,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from supervisor.exitcodes import BUSY, USAGE
 from supervisor.stackfile import ArgSpec
 
 ARGS_LIMIT = 64 << 10  # bytes of a call's arguments, as JSON
-EXIT_REFUSED = 2
-EXIT_BUSY = 75
 
 
 # ---------------------------------------------------------------------- refusals
@@ -26,7 +25,7 @@ class CallRefused(Exception):
     """The call was refused before anything started; ``code`` is the exit status,
     ``errors`` every reason (one line each)."""
 
-    code = EXIT_REFUSED
+    code = USAGE
 
     def __init__(self, errors: list[str]) -> None:
         super().__init__("\n".join(errors))
@@ -36,19 +35,19 @@ class CallRefused(Exception):
 class ArgsRefused(CallRefused):
     """An argument is unknown, of the wrong type, out of range or too large (exit 2)."""
 
-    code = EXIT_REFUSED
+    code = USAGE
 
 
 class Busy(CallRefused):
     """Every slot is taken and the caller asked not to wait (exit 75)."""
 
-    code = EXIT_BUSY
+    code = BUSY
 
 
 class Closed(CallRefused):
     """The runner is closing (its stack is stopping) and takes no more calls (exit 75)."""
 
-    code = EXIT_BUSY
+    code = BUSY
 
 
 # ---------------------------------------------------------------------- arguments
