@@ -52,6 +52,24 @@ def own_cgroup(pid: int | str = "self") -> str | None:
     return None
 
 
+def cgroup_dir(pid: int | str, mount: str | None) -> str | None:
+    """The directory of the cgroup that ``pid`` is in (``mount`` is :func:`v2_mount`),
+    or None where it has none or there is no v2 hierarchy."""
+    rel = own_cgroup(pid)
+    if mount is None or rel is None:
+        return None
+    return os.path.normpath(mount + rel)
+
+
+def within(path: str, top: str) -> bool:
+    """Is the cgroup directory ``path`` the cgroup ``top`` or one below it?
+
+    By whole path components (``/a/b-2`` is not inside ``/a/b``), on paths
+    as given: normalise both first where they may differ in form.
+    """
+    return path == top or path.startswith(top + "/")
+
+
 class Leaf:
     """A cgroup v2 directory that holds exactly one tree."""
 
@@ -225,7 +243,7 @@ class Hierarchy:
         while True:
             if _writable(base):
                 return cls(base)
-            if base == mount or not base.startswith(mount + "/"):
+            if base == mount or not within(base, mount):
                 break
             base = os.path.dirname(base)
         raise CgroupUnavailable(

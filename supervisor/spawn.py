@@ -33,6 +33,7 @@ import stat
 import threading
 from collections.abc import Mapping, Sequence
 
+from supervisor import procscan
 from supervisor.cgroup import Leaf
 from supervisor.exitcodes import NOT_EXECUTABLE, NOT_FOUND, TOOL
 from supervisor.identity import Handle, ProcessId, read_stat
@@ -176,8 +177,7 @@ def close_actions(keep: set[int]) -> list[tuple[int, int]]:
     close action for a descriptor that another thread closed meanwhile.
     """
     actions: list[tuple[int, int]] = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
+    for fd, _path in procscan.fds("self"):
         if fd < 3 or fd in keep:
             continue
         try:

@@ -42,7 +42,6 @@ business, not this module's: see ``hold.occupancy.stop_leftovers``.
 from __future__ import annotations
 
 import os
-import pwd
 import select
 import signal
 import time
@@ -57,6 +56,7 @@ from supervisor.identity import (
     ProcessId,
     Stat,
     read_cmdline,
+    user_name,
 )
 from supervisor.tree import Member, Tree
 
@@ -486,7 +486,7 @@ def _survivors(
 
 def _holder(pid: int, holds: str) -> Holder:
     uid = _real_uid(pid)
-    return Holder(pid, uid, _user_name(uid), holds, _cmdline(pid))
+    return Holder(pid, uid, "?" if uid is None else user_name(uid), holds, _cmdline(pid))
 
 
 def _real_uid(pid: int) -> int | None:
@@ -498,15 +498,6 @@ def _real_uid(pid: int) -> int | None:
     except OSError:
         pass
     return None
-
-
-def _user_name(uid: int | None) -> str:
-    if uid is None:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def _cmdline(pid: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import select
 import signal
 import subprocess
@@ -15,12 +16,15 @@ from pathlib import Path
 import pytest
 from conftest import alive, as_user, unpriv_python, wait_for
 
+from supervisor import procscan
+from supervisor.cgroup import within
 from supervisor.identity import (
     Handle,
     NoSuchProcess,
     ProcessId,
     read_cmdline,
     read_stat,
+    user_name,
 )
 
 
@@ -247,3 +251,54 @@ def test_no_such_process_and_access_denied_are_distinct(
     finally:
         own.kill()
         own.wait(timeout=10)
+
+
+def test_stat_of_is_read_stat_or_none(sleeper: subprocess.Popen[bytes]) -> None:
+    """One reader of /proc/PID/stat: read_stat raises, procscan.stat_of says None."""
+    st = procscan.stat_of(sleeper.pid)
+    assert st is not None
+    assert st._replace(state="S") == read_stat(sleeper.pid)._replace(state="S")  # running or not
+    gone = _free_pid()
+    with pytest.raises(NoSuchProcess):
+        read_stat(gone)
+    assert procscan.stat_of(gone) is None
+
+
+def test_ancestors_live_and_from_a_snapshot_agree() -> None:
+    live = procscan.ancestors(os.getpid())
+    assert live and live[0].pid == os.getppid()
+    assert procscan.ancestors(os.getpid(), procscan.snapshot()) == live
+    assert procscan.ancestors(os.getpid(), {}) == []
+
+
+def test_fds_lists_this_process_descriptors(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        mine = dict(procscan.fds("self"))
+        assert os.readlink(mine[fd]) == str(tmp_path / "f")
+        assert dict(procscan.fds(os.getpid())).keys() >= {0, 1, 2, fd}
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        procscan.fds(_free_pid())
+
+
+def test_user_name() -> None:
+    assert user_name(0) == "root"
+    unknown = next(u for u in range(2**31 - 2, 0, -1) if not _has_name(u))
+    assert user_name(unknown) == str(unknown)
+
+
+def _has_name(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def test_within_is_by_whole_components() -> None:
+    assert within("/sys/fs/cgroup/a/b", "/sys/fs/cgroup/a/b")
+    assert within("/sys/fs/cgroup/a/b/call-1", "/sys/fs/cgroup/a/b")
+    assert not within("/sys/fs/cgroup/a/b-2", "/sys/fs/cgroup/a/b")
+    assert not within("/sys/fs/cgroup/a", "/sys/fs/cgroup/a/b")
