@@ -15,7 +15,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import pwd
 import time
 from typing import Any, NamedTuple
 
@@ -24,9 +23,10 @@ from hold.holders import Holder, details, device_memory, read_proc, scan, target
 from hold.statedir import StateDir
 from hold.tokens import read_record
 from supervisor import procscan
-from supervisor.cgroup import own_cgroup, v2_mount
-from supervisor.identity import Stat
+from supervisor.cgroup import cgroup_dir, v2_mount, within
+from supervisor.identity import Stat, user_name
 from supervisor.parse import format_duration
+from supervisor.safefile import UnsafePath, open_for_read
 
 # ---------------------------------------------------------------- attribution
 
@@ -78,7 +78,7 @@ def attribute(
     lease a stray outlived. That match may use the ``HOLD_TREE`` marker: it
     only explains a stray, it never covers anything.
     """
-    chain = {(a.pid, a.starttime) for a in _ancestors(h.pid, procs)}
+    chain = {(a.pid, a.starttime) for a in procscan.ancestors(h.pid, procs)}
     chain.add((h.pid, h.starttime))
     where = _cgroup_dir(h.pid)
     related: list[tuple[LeaseView, str]] = []
@@ -86,8 +86,7 @@ def attribute(
         by = None
         if (lv.holder_pid, lv.holder_start) in chain:
             by = f"descends from holder pid {lv.holder_pid}"
-        elif where is not None and any(where == lf or where.startswith(lf + "/")
-                                       for lf in lv.leaves):  # fmt: skip
+        elif where is not None and any(within(where, lf) for lf in lv.leaves):
             by = "in the lease's cgroup"
         if by is None:
             continue
@@ -132,7 +131,7 @@ def _outlived(h: Holder, where: str | None, ended: list[dict[str, Any]]) -> dict
         if marker is not None and marker in (rec.get("trees") or []):
             return rec
         leaves = rec.get("leaves") or []
-        if where is not None and any(where == lf or where.startswith(lf + "/") for lf in leaves):
+        if where is not None and any(within(where, lf) for lf in leaves):
             return rec
     return None
 
@@ -140,33 +139,20 @@ def _outlived(h: Holder, where: str | None, ended: list[dict[str, Any]]) -> dict
 def ended_leases(sd: StateDir) -> list[dict[str, Any]]:
     """The daemon's record of recently ended leases (empty if none)."""
     try:
-        with open(os.path.join(sd.path, "ended.json"), "rb") as f:
+        # Never through a planted link, never hanging on a FIFO.
+        fd = open_for_read(os.path.join(sd.path, "ended.json"), owned=False)
+        with os.fdopen(fd, "rb") as f:
             data = json.loads(f.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, UnsafePath):
         return []
     return data if isinstance(data, list) else []
-
-
-def _ancestors(pid: int, procs: dict[int, Stat]) -> list[Stat]:
-    out: list[Stat] = []
-    st = procs.get(pid)
-    seen: set[int] = set()
-    while st is not None and st.ppid > 0 and st.ppid not in seen:
-        seen.add(st.ppid)
-        st = procs.get(st.ppid)
-        if st is not None:
-            out.append(st)
-    return out
 
 
 _MOUNT = v2_mount()
 
 
 def _cgroup_dir(pid: int) -> str | None:
-    rel = own_cgroup(pid)
-    if _MOUNT is None or rel is None:
-        return None
-    return os.path.normpath(_MOUNT + rel)
+    return cgroup_dir(pid, _MOUNT)
 
 
 # ---------------------------------------------------------------- the report
@@ -187,10 +173,7 @@ def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None
             v = Verdict(True, None, None, "an allowed holder of the class (configuration)")
         else:
             v = attribute(h, leases, procs, ended)
-        try:
-            user = pwd.getpwuid(h.uid).pw_name
-        except KeyError:
-            user = str(h.uid)
+        user = user_name(h.uid)
         d = details(h.pid)
         rows.append({
             "device": h.cls if h.unit is None else f"{h.cls}:{h.unit}",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import pwd
 import queue
 import re
 import selectors
@@ -57,7 +56,7 @@ from hold.tokens import UnsafePath, remove_owned
 from supervisor import procscan
 from supervisor.cgroup import Leaf, v2_mount
 from supervisor.exitcodes import TOOL, USAGE
-from supervisor.identity import ProcessId, read_stat
+from supervisor.identity import ProcessId, read_stat, user_name
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree, signalable_by
 
@@ -65,13 +64,6 @@ SO_PEERPIDFD = 77  # Linux 6.5; not yet in Python's socket module
 RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 _TREE_ID = re.compile(r"[0-9a-f]{8,32}")
-
-
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 class Daemon:
@@ -418,7 +410,7 @@ class Daemon:
             refuse(conn, "session already open")
             return
         sid = os.urandom(8).hex()
-        s = SessionRec(sid, conn.peer.pid, conn.peer.starttime, conn.uid, _user(conn.uid))
+        s = SessionRec(sid, conn.peer.pid, conn.peer.starttime, conn.uid, user_name(conn.uid))
         self.sessions[sid] = s
         self.attached[sid] = conn
         conn.session = s
@@ -614,8 +606,8 @@ class Daemon:
         self.release_waiters.setdefault(target.session_id, []).append((conn, "released"))
         holder = self.attached.get(target.session_id)
         if holder is not None:
-            holder.send({"ev": "released", "by": _user(conn.uid)})
-        self._end_session(target, f"released by {_user(conn.uid)}")
+            holder.send({"ev": "released", "by": user_name(conn.uid)})
+        self._end_session(target, f"released by {user_name(conn.uid)}")
 
     def _end(self, conn: Conn) -> None:
         """The holder is done: stop its trees, free its devices, then answer "ended".
@@ -1175,7 +1167,7 @@ class Daemon:
     def _arbiter(self) -> dict[str, Any]:
         """Which arbiter this is: the machine's system daemon, or one user's own."""
         return {"kind": "system" if self.system else "per-user", "state_dir": self.sd.path,
-                "pid": os.getpid(), "user": _user(os.geteuid()),
+                "pid": os.getpid(), "user": user_name(os.geteuid()),
                 "config": self.config_path, "config_digest": self.config_digest,
                 "autostarted": self.idle_exit is not None}  # fmt: skip
 
@@ -1206,7 +1198,7 @@ class Daemon:
                                   "arbiter": rec.get("arbiter")}  # fmt: skip
                 devices.append({"index": i, "holder": holder})
             waiting = [{"label": r.label if viewer in (0, r.conn.uid) or not r.private
-                        else None, "pid": r.conn.peer.pid, "user": _user(r.conn.uid),
+                        else None, "pid": r.conn.peer.pid, "user": user_name(r.conn.uid),
                         "count": r.count, "indices": r.indices}
                        for r in self.queues[cls]]  # fmt: skip
             classes[cls] = {"devices": devices, "queue": waiting}

@@ -21,7 +21,7 @@ from typing import Any
 from hold.protocol import LineBuffer, ProtocolError, encode
 from hold.statedir import StateDir
 from supervisor import procscan
-from supervisor.cgroup import own_cgroup, v2_mount
+from supervisor.cgroup import cgroup_dir, v2_mount, within
 from supervisor.identity import ProcessId
 from supervisor.parse import BadValue
 
@@ -77,9 +77,7 @@ def judge(asker: ProcessId, cls: str, records: list[dict[str, Any]]) -> tuple[bo
     if me is None or me.starttime != asker.starttime:
         return False, "the asking process is gone"
     chain = {(st.pid, st.starttime) for st in [me, *procscan.ancestors(asker.pid)]}
-    mount = v2_mount()
-    mine = own_cgroup(asker.pid)
-    where = os.path.normpath(mount + mine) if mount and mine else None
+    where = cgroup_dir(asker.pid, v2_mount())
     others: list[str] = []
     for rec in records:
         label = (f"{rec['cls']} lease {rec['lease']} ({rec['label']!r}, "
@@ -92,7 +90,7 @@ def judge(asker: ProcessId, cls: str, records: list[dict[str, Any]]) -> tuple[bo
         if holder in chain:
             return True, f"inside {label}"
         for leaf in rec.get("leaves") or []:
-            if where is not None and (where == leaf or where.startswith(leaf + "/")):
+            if where is not None and within(where, leaf):
                 return True, f"inside {label} (by its cgroup)"
     if others:
         return False, f"no {cls} lease covers this process; only {', '.join(others)}"

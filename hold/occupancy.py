@@ -22,13 +22,12 @@ good fraction of a second and must not stall the event loop.
 from __future__ import annotations
 
 import os
-import pwd
 from typing import Any
 
 from hold.devices import DeviceClass
 from hold.holders import Holder, details, device_memory, scan, targets
 from supervisor import procscan
-from supervisor.identity import ProcessId
+from supervisor.identity import ProcessId, user_name
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree
 
@@ -54,10 +53,7 @@ def holders_of(cls: DeviceClass, devices: list[int]) -> dict[int, list[dict[str,
 
 
 def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict[str, Any]:
-    try:
-        user = pwd.getpwuid(h.uid).pw_name
-    except KeyError:
-        user = str(h.uid)
+    user = user_name(h.uid)
     return {
         "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": user,
         "command": details(h.pid).command[:200], "node": h.node,
