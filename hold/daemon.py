@@ -80,12 +80,9 @@ class Daemon:
         # the name of its kernel lock, shared with every other arbiter here.
         self.keys = {name: c.device_keys() for name, c in classes.items()}
         self.sizes = {name: len(keys) for name, keys in self.keys.items()}
-        self.lock_dir = devlock.lock_dir()
-        self.locks: dict[str, int] = {}  # device key -> our locked descriptor
+        self.locks = devlock.Locks(devlock.lock_dir(), self._wake)
         # Devices whose kernel lock another arbiter holds: what its record says.
         self.elsewhere: dict[tuple[str, int], dict[str, Any]] = {}
-        self.lock_waits: set[str] = set()  # keys a thread is blocked on
-        self.lock_got: queue.SimpleQueue[tuple[str, int | None]] = queue.SimpleQueue()
         self.system = system
         self.shared = shared or system
         self.records = Records(sd, home_tokens, self._log)
@@ -211,6 +208,10 @@ class Daemon:
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
         os.write(self._wake_w, b"s")
+
+    def _wake(self) -> None:
+        """(Any thread) make the loop look at what a worker left for it."""
+        os.write(self._wake_w, b"w")
 
     def _on_hup(self, signum: int, frame: object) -> None:
         self.reload_asked = True
@@ -472,7 +473,8 @@ class Daemon:
         conn.session = s
         lease = s.lease
         if lease is not None:
-            self._take_back_locks(lease.cls, lease.devices, conn.fds)
+            for i in lease.devices:
+                self.locks.take_back(self.keys[lease.cls][i], conn.fds)
         conn.send({"ev": "attached", "lease": lease.to_json() if lease else None})
         if lease is not None and lease.state == "expired":
             conn.send({"ev": "expired", "grace": lease.grace})
@@ -683,82 +685,30 @@ class Daemon:
         return self.keys[device[0]][device[1]]
 
     def _lock(self, cls: str, index: int) -> bool:
-        """Hold ``cls:index``'s machine-wide lock (True), or note who does and wait for it."""
-        key = self.keys[cls][index]
-        if key in self.locks:
+        """Hold ``cls:index``'s machine-wide lock (True), or note who does (False)."""
+        who = self.locks.take(self.keys[cls][index])
+        if who is None:
             return True
-        path = devlock.lock_path(self.lock_dir, key)
-        try:
-            fd = devlock.acquire(path)
-        except devlock.LockUnusable as e:
-            # Nobody can wait on a file we cannot open: looked at again by
-            # the periodic re-check.
-            self.elsewhere[(cls, index)] = {"error": str(e)}
+        self.elsewhere[(cls, index)] = who
+        if "error" in who:  # nothing to wait on: looked at again by the re-check
             self.recheck_at = time.monotonic() + RECHECK_BLOCKED
-            return False
-        if fd is not None:
-            self.locks[key] = fd
-            return True
-        self.elsewhere[(cls, index)] = devlock.read_owner(path) or {}
-        if key not in self.lock_waits:
-            self.lock_waits.add(key)
-            threading.Thread(target=self._wait_lock, args=(key, path), daemon=True).start()
         return False
 
-    def _wait_lock(self, key: str, path: str) -> None:
-        """(Worker) block until another arbiter lets go of ``key``; hand the lock to the loop."""
-        fd: int | None
-        try:
-            fd = devlock.wait(path)
-        except (devlock.LockUnusable, OSError):
-            fd = None
-        self.lock_got.put((key, fd))
-        os.write(self._wake_w, b"l")
-
     def _finish_locks(self) -> None:
-        while True:
-            try:
-                key, fd = self.lock_got.get_nowait()
-            except queue.Empty:
-                return
-            self.lock_waits.discard(key)
-            if fd is not None:
-                if key in self.locks:
-                    os.close(fd)
-                else:
-                    self.locks[key] = fd
-            classes = {c for (c, i) in self.elsewhere if self.keys[c][i] == key}
-            for c in classes:
-                for i, k in enumerate(self.keys[c]):
-                    if k == key:
-                        self.elsewhere.pop((c, i), None)
-            for c in classes:
-                self._schedule(c)
-            self._release_idle_locks()
+        """Locks another arbiter let go of (now ours): the lines waiting for them move."""
+        done = self.locks.collect()
+        if not done:
+            return
+        classes = {c for (c, i) in self.elsewhere if self.keys[c][i] in done}
+        for dev in [d for d in self.elsewhere if self._key(d) in done]:
+            del self.elsewhere[dev]
+        for c in classes:
+            self._schedule(c)
+        self._release_idle_locks()
 
     def _release_idle_locks(self) -> None:
         """Let go of every lock no lease of ours holds and no grant is being checked for."""
-        used = {self._key(k) for k in (*self.held, *self.verifying)}
-        for key in [k for k in self.locks if k not in used]:
-            fd = self.locks.pop(key)
-            try:
-                os.ftruncate(fd, 0)  # its record was about a lease that is over
-            except OSError:
-                pass
-            os.close(fd)
-
-    def _take_back_locks(self, cls: str, devices: list[int], fds: list[int]) -> None:
-        """A re-attaching client hands back the locks of its lease (after our restart).
-
-        Believed only for what they are: the lock file of one of the lease's
-        devices (same inode), whose lock this descriptor holds.
-        """
-        for i in devices:
-            key = self.keys[cls][i]
-            path = devlock.lock_path(self.lock_dir, key)
-            for fd in fds:
-                if key not in self.locks and devlock.same_file(fd, path) and devlock.try_lock(fd):
-                    self.locks[key] = os.dup(fd)
+        self.locks.release_unused({self._key(k) for k in (*self.held, *self.verifying)})
 
     # ------------------------------------------------------------ occupancy
 
@@ -859,7 +809,7 @@ class Daemon:
             self.records.write_tokens(s)
             owner = self._lock_record(s)
             for i in devices:
-                devlock.write_owner(self.locks[self.keys[cls][i]], owner)
+                devlock.write_owner(self.locks.fds[self.keys[cls][i]], owner)
         except (UnsafePath, OSError, ValueError) as e:
             self._log("grant_refused", s, error=str(e))
             refuse(conn, f"cannot record the lease: {e}", TOOL)
@@ -878,7 +828,7 @@ class Daemon:
         # neither one's death alone lets another arbiter grant the devices.
         conn.send({"ev": "granted", "lease": lease.lease_id, "cls": cls, "devices": devices,
                    "expires": lease.expires, "granted": now},
-                  fds=[self.locks[self.keys[cls][i]] for i in devices])  # fmt: skip
+                  fds=[self.locks.fds[self.keys[cls][i]] for i in devices])  # fmt: skip
 
     def _lock_record(self, s: SessionRec) -> dict[str, Any]:
         """What a lock file says of its lease, for waiters served by other arbiters."""
@@ -1087,7 +1037,7 @@ class Daemon:
             self.recheck_at = None
             for key in list(self.blocked):
                 self._unblock(key)
-            for dev in [d for d in self.elsewhere if self._key(d) not in self.lock_waits]:
+            for dev in [d for d in self.elsewhere if self._key(d) not in self.locks.waiting]:
                 del self.elsewhere[dev]
             for cls in self.classes:
                 self._schedule(cls)
@@ -1123,13 +1073,7 @@ class Daemon:
                     self.held[(s.lease.cls, i)] = s.session_id
                     # Ours again if the holder died with the old daemon; else
                     # the holder hands its descriptor back when it re-attaches.
-                    key = self.keys[s.lease.cls][i]
-                    try:
-                        lock_fd = devlock.acquire(devlock.lock_path(self.lock_dir, key))
-                    except devlock.LockUnusable:
-                        lock_fd = None
-                    if lock_fd is not None:
-                        self.locks[key] = lock_fd
+                    self.locks.take_if_free(self.keys[s.lease.cls][i])
             owner = ProcessId(s.owner_pid, s.owner_start)
             fd: int | None = None
             try:
@@ -1187,15 +1131,11 @@ class Daemon:
                     holder = {"lease": s.lease.lease_id, "label": _label_for(s, viewer),
                               "pid": s.owner_pid, "user": s.user, "since": s.lease.granted,
                               "expires": s.lease.expires, "state": s.lease.state}  # fmt: skip
-                elif self.keys[cls][i] not in self.locks:
-                    path = devlock.lock_path(self.lock_dir, self.keys[cls][i])
-                    if devlock.is_locked(path, locked):
-                        rec = devlock.read_owner(path) or {}
-                        holder = {"lease": rec.get("lease", "?"), "label": rec.get("label"),
-                                  "pid": rec.get("pid"), "user": rec.get("user", "?"),
-                                  "since": rec.get("since"), "expires": rec.get("until"),
-                                  "state": "elsewhere",
-                                  "arbiter": rec.get("arbiter")}  # fmt: skip
+                elif (rec := self.locks.held_elsewhere(self.keys[cls][i], locked)) is not None:
+                    holder = {"lease": rec.get("lease", "?"), "label": rec.get("label"),
+                              "pid": rec.get("pid"), "user": rec.get("user", "?"),
+                              "since": rec.get("since"), "expires": rec.get("until"),
+                              "state": "elsewhere", "arbiter": rec.get("arbiter")}  # fmt: skip
                 devices.append({"index": i, "holder": holder})
             waiting = [{"label": r.label if viewer in (0, r.conn.uid) or not r.private
                         else None, "pid": r.conn.peer.pid, "user": user_name(r.conn.uid),

@@ -26,7 +26,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
 import stat
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.parse import BadValue
@@ -214,3 +217,104 @@ def is_locked(path: str, locked: set[tuple[int, int, int]] | None = None) -> boo
         return False
     held = locked_inodes() if locked is None else locked
     return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held
+
+
+class Locks:
+    """The machine-wide locks one daemon holds, and those it waits for.
+
+    Keyed by device key (:func:`hold.devices.node_key`). A lock another
+    arbiter holds gets one waiter thread, blocked in ``flock``; when it
+    returns, the lock is this daemon's and ``wake`` is called, and the loop
+    learns which keys changed from :meth:`collect`. Never blocks the caller.
+    """
+
+    def __init__(self, directory: str, wake: Callable[[], None]) -> None:
+        self.directory = directory
+        self.wake = wake
+        self.fds: dict[str, int] = {}  # key -> our locked descriptor
+        self.waiting: set[str] = set()  # keys a waiter thread is blocked on
+        self._got: queue.SimpleQueue[tuple[str, int | None]] = queue.SimpleQueue()
+
+    def path(self, key: str) -> str:
+        return lock_path(self.directory, key)
+
+    def take(self, key: str) -> dict[str, Any] | None:
+        """None once the lock of ``key`` is ours; else whose it is (its record, or
+        ``{"error": why}`` for a lock file that cannot be used), waited for."""
+        if key in self.fds:
+            return None
+        path = self.path(key)
+        try:
+            fd = acquire(path)
+        except LockUnusable as e:
+            return {"error": str(e)}  # nothing to wait on: tried again later
+        if fd is not None:
+            self.fds[key] = fd
+            return None
+        if key not in self.waiting:
+            self.waiting.add(key)
+            threading.Thread(target=self._wait, args=(key, path), daemon=True).start()
+        return read_owner(path) or {}
+
+    def take_if_free(self, key: str) -> None:
+        """Take ``key``'s lock if nobody holds it; never wait (a restarted daemon's
+        leases: their holders, if alive, hand theirs back when they re-attach)."""
+        if key not in self.fds:
+            try:
+                fd = acquire(self.path(key))
+            except LockUnusable:
+                return
+            if fd is not None:
+                self.fds[key] = fd
+
+    def _wait(self, key: str, path: str) -> None:
+        """(Worker) block until the other arbiter lets go; hand the lock to the loop."""
+        fd: int | None
+        try:
+            fd = wait(path)
+        except (LockUnusable, OSError):
+            fd = None
+        self._got.put((key, fd))
+        self.wake()
+
+    def collect(self) -> set[str]:
+        """The keys whose waiter came back (the lock is ours now, or it failed)."""
+        done: set[str] = set()
+        while True:
+            try:
+                key, fd = self._got.get_nowait()
+            except queue.Empty:
+                return done
+            self.waiting.discard(key)
+            done.add(key)
+            if fd is not None:
+                if key in self.fds:
+                    os.close(fd)
+                else:
+                    self.fds[key] = fd
+
+    def release_unused(self, used: set[str]) -> None:
+        """Let go of every lock not in ``used`` (its record emptied: that lease is over)."""
+        for key in [k for k in self.fds if k not in used]:
+            fd = self.fds.pop(key)
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
+            os.close(fd)
+
+    def take_back(self, key: str, fds: list[int]) -> None:
+        """A re-attaching client hands back its lease's locks (after our restart).
+
+        Believed only for what they are: the lock file of ``key`` (same inode),
+        whose lock that descriptor holds."""
+        path = self.path(key)
+        for fd in fds:
+            if key not in self.fds and same_file(fd, path) and try_lock(fd):
+                self.fds[key] = os.dup(fd)
+
+    def held_elsewhere(self, key: str, locked: set[tuple[int, int, int]]) -> dict[str, Any] | None:
+        """The record of ``key``'s lock if another arbiter holds it now, else None."""
+        if key in self.fds or not is_locked(self.path(key), locked):
+            return None
+        return read_owner(self.path(key)) or {}
