@@ -12,7 +12,6 @@ lease. Anything else is STRAY, with the reason.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import time
@@ -21,7 +20,6 @@ from typing import Any, NamedTuple
 from hold.devices import DeviceClass
 from hold.holders import Holder, details, device_memory, read_proc, scan, targets
 from hold.statedir import StateDir
-from hold.tokens import read_record
 from supervisor import procscan
 from supervisor.cgroup import cgroup_dir, v2_mount, within
 from supervisor.identity import Stat, user_name
@@ -43,20 +41,37 @@ class LeaseView(NamedTuple):
 
 
 def live_leases(sd: StateDir) -> list[LeaseView]:
-    """The leases recorded in token files (one view per lease)."""
-    seen: dict[str, LeaseView] = {}
-    for path in sorted(glob.glob(os.path.join(sd.path, "*-*.token"))):
-        rec = read_record(path)
-        if rec is None or rec.get("lease") in seen:
+    """The live leases, as the arbiter serving ``sd`` tells them (one view per lease).
+
+    Asked over its socket, never read from token files: a token in a directory
+    the caller controls would make a stray look covered. No daemon serving
+    there means no live lease (none is started for an audit).
+    """
+    from hold.client import Client, DaemonUnreachable
+    from hold.protocol import ProtocolError
+    from hold.records import LeaseRecord
+
+    try:
+        client = Client.connect(sd, autostart=False)
+    except DaemonUnreachable:
+        return []
+    try:
+        ans = client.request({"op": "leases"})
+    except (DaemonUnreachable, OSError, ProtocolError, TimeoutError):
+        return []
+    finally:
+        client.close()
+    out: list[LeaseView] = []
+    for raw in ans.get("leases") or []:
+        try:
+            rec = LeaseRecord.from_json(raw)
+        except ValueError:
             continue
-        st = procscan.stat_of(int(rec["holder_pid"]))
-        alive = st is not None and not st.is_dead and st.starttime == int(rec["holder_start"])
-        seen[rec["lease"]] = LeaseView(
-            rec["lease"], rec["cls"], tuple(rec["devices"]), rec["label"],
-            int(rec["holder_pid"]), int(rec["holder_start"]),
-            tuple(rec.get("leaves") or ()), alive,
-        )  # fmt: skip
-    return list(seen.values())
+        st = procscan.stat_of(rec.holder_pid)
+        alive = st is not None and not st.is_dead and st.starttime == rec.holder_start
+        out.append(LeaseView(rec.lease, rec.cls, rec.devices, rec.label or "(private)",
+                             rec.holder_pid, rec.holder_start, rec.leaves, alive))  # fmt: skip
+    return out
 
 
 class Verdict(NamedTuple):

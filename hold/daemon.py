@@ -397,6 +397,8 @@ class Daemon:
             self._release(conn, text_field(msg, "lease"))
         elif op == "end":
             self._end(conn)
+        elif op == "leases":
+            self._leases(conn)
         elif op == "check":
             self._check(conn, text_field(msg, "cls"))
         elif op == "retire":
@@ -640,6 +642,12 @@ class Daemon:
                    if s.lease is not None and s.lease.state != "ending"]  # fmt: skip
         covered, why = judge(conn.peer, cls, records)
         conn.send({"ev": "check", "covered": covered, "why": why, "arbiter": self._arbiter()})
+
+    def _leases(self, conn: Conn) -> None:
+        """Every live lease, as the asker may see it (``hold audit`` believes only this)."""
+        out = [self.records.record(s).seen_by(conn.uid, s.lease.private).to_json()
+               for s in self.sessions.values() if s.lease is not None]  # fmt: skip
+        conn.send({"ev": "leases", "leases": out})
 
     # ------------------------------------------------------------ scheduling
 

@@ -16,9 +16,9 @@ import os
 import socket
 import struct
 import time
-from typing import Any
 
 from hold.protocol import LineBuffer, ProtocolError, encode
+from hold.records import LeaseRecord
 from hold.statedir import StateDir
 from supervisor import procscan
 from supervisor.cgroup import cgroup_dir, v2_mount, within
@@ -65,7 +65,7 @@ def check(sd: StateDir, cls: str) -> tuple[bool, str]:
         sock.close()
 
 
-def judge(asker: ProcessId, cls: str, records: list[dict[str, Any]]) -> tuple[bool, str]:
+def judge(asker: ProcessId, cls: str, records: list[LeaseRecord]) -> tuple[bool, str]:
     """``hold check``'s answer for the process ``asker`` against live lease records.
 
     Proven by ancestry, never by text: an ancestor of the asker (or the asker
@@ -80,16 +80,15 @@ def judge(asker: ProcessId, cls: str, records: list[dict[str, Any]]) -> tuple[bo
     where = cgroup_dir(asker.pid, v2_mount())
     others: list[str] = []
     for rec in records:
-        label = (f"{rec['cls']} lease {rec['lease']} ({rec['label']!r}, "
-                 f"holder pid {rec['holder_pid']})")  # fmt: skip
-        holder = (rec["holder_pid"], rec["holder_start"])
-        if rec["cls"] != cls:
+        label = f"{rec.cls} lease {rec.lease} ({rec.label!r}, holder pid {rec.holder_pid})"
+        holder = (rec.holder_pid, rec.holder_start)
+        if rec.cls != cls:
             if holder in chain:
                 others.append(label)
             continue
         if holder in chain:
             return True, f"inside {label}"
-        for leaf in rec.get("leaves") or []:
+        for leaf in rec.leaves:
             if where is not None and within(where, leaf):
                 return True, f"inside {label} (by its cgroup)"
     if others:

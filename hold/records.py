@@ -11,13 +11,73 @@ import os
 import pwd
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from hold.ledger import SessionRec
 from hold.statedir import StateDir
 from hold.tokens import UnsafePath, remove_owned, render, write_atomic
 
 ENDED_KEPT = 200  # ended leases remembered for the audit
+
+
+class LeaseRecord(NamedTuple):
+    """A live lease as the daemon records it: in token files (for people), and
+    over its socket to ``hold check`` and ``hold audit`` (which believe only the
+    socket). One shape for all of them."""
+
+    lease: str
+    cls: str
+    devices: tuple[int, ...]
+    label: str | None  # None where the owner made it private and the reader is not them
+    holder_pid: int
+    holder_start: int
+    uid: int
+    user: str
+    granted: float
+    expires: float
+    command_pid: int | None
+    leaves: tuple[str, ...]
+    trees: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        d = self._asdict()
+        for k in ("devices", "leaves", "trees"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any) -> LeaseRecord:
+        """A record from its JSON form; ValueError for anything else."""
+        if not isinstance(d, dict):
+            raise ValueError("a lease record must be an object")
+
+        def need(name: str, *kinds: type) -> Any:
+            v = d.get(name)
+            if not isinstance(v, kinds) or isinstance(v, bool):
+                raise ValueError(f"lease record: {name!r} of the wrong type")
+            return v
+
+        def seq(name: str, kind: type) -> tuple[Any, ...]:
+            v = d.get(name) or []
+            if not isinstance(v, list) or not all(isinstance(i, kind) for i in v):
+                raise ValueError(f"lease record: {name!r} of the wrong type")
+            return tuple(v)
+
+        label = d.get("label")
+        command = d.get("command_pid")
+        return cls(
+            need("lease", str), need("cls", str), seq("devices", int),
+            label if isinstance(label, str) else None,
+            need("holder_pid", int), need("holder_start", int), need("uid", int),
+            need("user", str), float(need("granted", int, float)),
+            float(need("expires", int, float)),
+            command if isinstance(command, int) and not isinstance(command, bool) else None,
+            seq("leaves", str), seq("trees", str),
+        )  # fmt: skip
+
+    def seen_by(self, viewer: int, private: bool) -> LeaseRecord:
+        """As ``viewer`` (a uid) may see it: a private label only for its owner and root."""
+        return self if not private or viewer in (0, self.uid) else self._replace(label=None)
 
 
 class Log:
@@ -56,18 +116,16 @@ class Records:
         self.log_for = log_for  # (event, session, **fields)
         self.ended: list[dict[str, Any]] | None = None  # ended.json, once read
 
-    def record(self, s: SessionRec) -> dict[str, Any]:
+    def record(self, s: SessionRec) -> LeaseRecord:
         lease = s.lease
         assert lease is not None
         roots = [t.root_pid for t in s.trees.values() if t.root_pid]
-        return {
-            "lease": lease.lease_id, "cls": lease.cls, "devices": lease.devices,
-            "label": lease.label, "holder_pid": s.owner_pid, "holder_start": s.owner_start,
-            "uid": s.uid, "user": s.user, "granted": lease.granted, "expires": lease.expires,
-            "command_pid": roots[0] if roots else None,
-            "leaves": [t.leaf for t in s.trees.values() if t.leaf],
-            "trees": list(s.trees),
-        }  # fmt: skip
+        return LeaseRecord(
+            lease.lease_id, lease.cls, tuple(lease.devices), lease.label, s.owner_pid,
+            s.owner_start, s.uid, s.user, lease.granted, lease.expires,
+            roots[0] if roots else None,
+            tuple(t.leaf for t in s.trees.values() if t.leaf), tuple(s.trees),
+        )  # fmt: skip
 
     def remember(self, s: SessionRec) -> None:
         """Keep the last leases that ended, so the audit can say whose a stray was."""
@@ -82,7 +140,7 @@ class Records:
                 self.ended = past[-ENDED_KEPT:] if isinstance(past, list) else []
             except (OSError, ValueError, UnsafePath):
                 self.ended = []
-        self.ended.append({**self.record(s), "ended": time.time()})
+        self.ended.append({**self.record(s).to_json(), "ended": time.time()})
         del self.ended[:-ENDED_KEPT]
         try:
             write_atomic(path, json.dumps(self.ended).encode(), 0o644)
@@ -91,7 +149,7 @@ class Records:
 
     def write_tokens(self, s: SessionRec) -> None:
         assert s.lease is not None
-        data = render(s.lease.cls, self.record(s))
+        data = render(s.lease.cls, self.record(s).to_json())
         for i in s.lease.devices:
             write_atomic(self.sd.token(s.lease.cls, i), data, 0o644)
         if self.home_tokens:
