@@ -31,6 +31,7 @@ from supervisor.parse import BadValue, format_duration
 
 if TYPE_CHECKING:
     from hold.client import Client
+    from hold.config import Config
     from hold.statedir import StateDir
     from supervisor.cgroup import Leaf
     from supervisor.stack import Cause
@@ -45,7 +46,7 @@ def say(text: str, prog: str = "hold up") -> None:
 # ---------------------------------------------------------------------- loading
 
 
-def load_checked(path: str) -> StackSpec:
+def load_checked(path: str, cfg: Config | None = None) -> StackSpec:
     """The stack file, checked by the supervisor's rules and by ours (device, label).
 
     Raises :class:`~supervisor.stackfile.StackFileError` with every problem,
@@ -56,7 +57,7 @@ def load_checked(path: str) -> StackSpec:
     from hold.protocol import check_label
     from supervisor.stackfile import load as load_stack
 
-    cfg = load()
+    cfg = load() if cfg is None else cfg
     classes = classes_from_config(cfg.devices, cfg.path)
 
     def check(data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
@@ -129,6 +130,7 @@ def main_up(
     path: str, *, detach: bool = False, run_for: str | None = None, status_fd: int | None = None
 ) -> int:
     """``hold up``; the exit status (see the README's table)."""
+    from hold.config import load
     from supervisor.parse import parse_duration
     from supervisor.stackfile import StackFileError
 
@@ -138,7 +140,8 @@ def main_up(
             if run_for is not None
             else None
         )
-        spec = load_checked(path)
+        cfg = load()  # once for the whole command, passed down
+        spec = load_checked(path, cfg)
         sd = _open_sd()
     except StackFileError as e:
         for line in e.errors:
@@ -157,7 +160,7 @@ def main_up(
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     old = {s: signal.signal(s, interrupted) for s in stop_signals}
     try:
-        return StackRun(spec, sd, seconds, status_fd).execute()
+        return StackRun(spec, sd, cfg, seconds, status_fd).execute()
     except Interrupted as e:
         say(f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
             "nothing is left running")  # fmt: skip
@@ -211,10 +214,16 @@ class StackRun:
     """One ``hold up`` in the foreground: daemon, ticket, then :class:`~supervisor.stack.Stack`."""
 
     def __init__(
-        self, spec: StackSpec, sd: StateDir, run_for: float | None, status_fd: int | None
+        self,
+        spec: StackSpec,
+        sd: StateDir,
+        cfg: Config,
+        run_for: float | None,
+        status_fd: int | None,
     ) -> None:
         self.spec = spec
         self.sd = sd
+        self.cfg = cfg
         self.run_for = run_for
         self.status = StatusPipe(status_fd) if status_fd is not None else None
         self.client: Client | None = None
@@ -229,13 +238,12 @@ class StackRun:
 
     def execute(self) -> int:
         from hold.client import Client, DaemonUnreachable
-        from hold.config import load
         from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.display import Display
         from supervisor.stack import Stack, StackError
 
         spec = self.spec
-        cfg = load()
+        cfg = self.cfg
         try:
             hierarchy = hierarchy_for(cfg.cgroups)
         except CgroupUnavailable as e:
@@ -307,7 +315,6 @@ class StackRun:
                 self.status.close()  # the starter reads its end of file: not ready
 
     def _acquire(self, env: dict[str, str]) -> int | None:
-        from hold.config import load
         from hold.devices import classes_from_config, parse_device_spec
         from hold.lease import DEFAULT_TTL, acquire_lease
 
@@ -315,7 +322,7 @@ class StackRun:
         assert hold is not None
         if self.client is None:
             return TOOL
-        cfg = load()
+        cfg = self.cfg
         cls, indices = parse_device_spec(
             hold.device, classes_from_config(cfg.devices, cfg.path), what="device"
         )
