@@ -65,6 +65,7 @@ from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_upd
 from supervisor.spawn import Child, SpawnError, owned_pids, resolve, spawn
 from supervisor.stackctl import ControlServer, Message, Reply
 from supervisor.stackfile import StackSpec, UnitSpec, fill, filled_env
+from supervisor.states import UnitState, advance
 from supervisor.stop import StopReport, Survivor, reap_adopted, stop_tree
 from supervisor.task import Call, CallRefused, CallResult, TaskRunner
 from supervisor.tree import Tree
@@ -119,7 +120,7 @@ class Unit:
         self.argv: tuple[str, ...] = spec.cmd
         self.env: dict[str, str] = {}
         self.probe: readiness.Probe | None = None
-        self.state = "waiting"
+        self.state = UnitState.WAITING
         self.child: Child | None = None
         self.tree: Tree | None = None
         self.spawned_at = 0.0
@@ -150,7 +151,9 @@ class Unit:
             pass
 
     def snapshot(self, now: float) -> dict[str, Any]:
-        since = self.ready_at if self.state == "ready" and self.ready_at else self.spawned_at
+        since = (
+            self.ready_at if self.state is UnitState.READY and self.ready_at else self.spawned_at
+        )
         return {
             "unit": self.name,
             "state": self.state,
@@ -679,7 +682,7 @@ class Stack:
             watched: dict[int, Unit] = {}
             for u in self.units.values():
                 if (
-                    u.state == "ready"
+                    u.state is UnitState.READY
                     and u.job is None
                     and u.child is not None
                     and u.child.returncode is None
@@ -743,9 +746,9 @@ class Stack:
         if self.cause is not None:
             return
         for u in self.units.values():
-            if u.state != "waiting":
+            if u.state is not UnitState.WAITING:
                 continue
-            if all(self.units[d].state == "ready" for d in u.spec.after):
+            if all(self.units[d].state is UnitState.READY for d in u.spec.after):
                 self._launch(u, self._start_job, restart=False)
 
     def _launch(self, u: Unit, target: Callable[..., None], **kw: Any) -> None:
@@ -767,7 +770,7 @@ class Stack:
         if isinstance(u.probe, readiness.LogProbe):
             u.probe.reset()
         _drain(u.wake_r)
-        u.state = "starting"
+        advance(u, UnitState.STARTING)
         u.detail = ""
         u.returncode = None
         u.ready_at = None
@@ -864,7 +867,7 @@ class Stack:
         if job is not None:
             job.join()
         if outcome == "ready":
-            u.state = "ready"
+            advance(u, UnitState.READY)
             u.ready_at = time.monotonic()
             u.detail = why
             self.say(f"{u.name}: ready after {u.ready_at - u.spawned_at:.2f}s ({why})")
@@ -872,10 +875,12 @@ class Stack:
             self._maybe_up()
             return
         if outcome == "aborted":
-            u.state = "stopping" if u.tree is not None else "waiting"
+            # Only the stop aborts a job; a unit that never spawned stays waiting.
+            if u.tree is not None:
+                advance(u, UnitState.STOPPING)
             return
         # Failed: exited before ready, not ready in time, or could not spawn.
-        u.state = "failed"
+        advance(u, UnitState.FAILED)
         u.detail = why
         self._reap_if_exited(u)
         if self.phase == "starting" and u.total_restarts == 0:
@@ -894,7 +899,9 @@ class Stack:
     def _maybe_up(self) -> None:
         """Once every service is ready (at once when there are none), the stack is up
         and its task units take calls."""
-        if self.phase == "starting" and all(x.state == "ready" for x in self.units.values()):
+        if self.phase == "starting" and all(
+            x.state is UnitState.READY for x in self.units.values()
+        ):
             self.phase = "running"
             self.up_at = time.monotonic()
             self._draw()
@@ -932,7 +939,7 @@ class Stack:
         if code is None:
             return
         u.returncode = code
-        u.state = "exited"
+        advance(u, UnitState.EXITED)
         self.say(
             f"{u.name}: exited with {_status(code)} after {time.monotonic() - u.spawned_at:.2f}s"
         )
@@ -949,7 +956,7 @@ class Stack:
             u.restarts += 1
             u.total_restarts += 1
             delay = min(r.backoff * 2 ** (u.restarts - 1), r.max_backoff)
-            u.state = "backoff"
+            advance(u, UnitState.BACKOFF)
             self.say(f"{u.name}: restart {u.restarts} of {r.max} in {delay:g}s")
             u.restart_at = None
             self._launch(u, self._clean_job, delay=delay)
@@ -1113,7 +1120,7 @@ class Stack:
         if (
             self.cause is not None
             or u.job is not None
-            or u.state not in ("ready", "exited", "backoff")
+            or u.state not in (UnitState.READY, UnitState.EXITED, UnitState.BACKOFF)
         ):
             reply.send(
                 {
@@ -1126,7 +1133,7 @@ class Stack:
             return
         u.restart_at = None
         u.total_restarts += 1
-        u.state = "restarting"
+        advance(u, UnitState.RESTARTING)
         self.say(f"{name}: restarting (asked by hold restart)")
         self._launch(u, self._manual_restart_job, reply=reply)
 
@@ -1173,9 +1180,9 @@ class Stack:
         now = time.monotonic()
         rows = []
         for u in self.units.values():
-            if u.state == "starting":
+            if u.state is UnitState.STARTING:
                 waited = f"{now - u.spawned_at:.1f}s"
-            elif u.state == "ready" and u.ready_at is not None:
+            elif u.state is UnitState.READY and u.ready_at is not None:
                 waited = f"{u.ready_at - u.spawned_at:.2f}s"
             else:
                 waited = ""
@@ -1245,7 +1252,7 @@ class Stack:
             todo = [u for u in level if u.tree is not None]
             threads = []
             for u in todo:
-                u.state = "stopping"
+                advance(u, UnitState.STOPPING)
                 t = threading.Thread(
                     target=self._stop_unit, args=(u, reports), name=f"stop-{u.name}", daemon=True
                 )
@@ -1285,7 +1292,7 @@ class Stack:
         survivors = [s for _, r in reports for s in r.survivors]
         code = SURVIVORS if survivors else cause.code
         for u in started:
-            u.state = "stopped" if u.pid is None else "survived"
+            advance(u, UnitState.STOPPED if u.pid is None else UnitState.SURVIVED)
         if survivors:
             lines = [f"  pid {s.pid} ({s.found_by}): {s.command}" for s in survivors]
             self.say(

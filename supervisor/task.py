@@ -85,6 +85,7 @@ from supervisor.exitcodes import CANCELLED, EXPIRED, SURVIVORS, TOOL, signalled
 from supervisor.parse import format_cpus
 from supervisor.spawn import Child, SpawnError, owned_pids, read_cpus_allowed, spawn
 from supervisor.stackfile import ArgSpec, UnitSpec
+from supervisor.states import CallState, UnitState, advance_call
 from supervisor.stop import StopReport, Survivor, stop_tree
 from supervisor.taskargs import (
     ARGS_LIMIT,
@@ -255,7 +256,7 @@ class Call:
         data = args_json(args)
         self.stdin_data = data
         self.args_sha256 = hashlib.sha256(data).hexdigest()
-        self.state = "queued"
+        self.state = CallState.QUEUED
         self.pid: int | None = None
         self.submitted_at = time.monotonic()
         self.started_at: float | None = None
@@ -331,7 +332,7 @@ class Call:
     def _finish(self, result: CallResult) -> None:
         with self._lock:
             self._result = result
-            self.state = "done"
+            advance_call(self, CallState.DONE)
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
             for fd in (self._wake_r, self._wake_w):
@@ -740,7 +741,7 @@ class TaskRunner:
         child = parked.child
         call.pid = child.pid
         call.started_at = t0
-        call.state = "running"
+        advance_call(call, CallState.RUNNING)
         try:
             cpus = read_cpus_allowed(child.pid)
         except (OSError, RuntimeError):
@@ -780,7 +781,7 @@ class TaskRunner:
                     pipes.close(fd)
             call.pid = child.pid
             call.started_at = t0
-            call.state = "running"
+            advance_call(call, CallState.RUNNING)
             try:
                 cpus = read_cpus_allowed(child.pid)  # a zombie still has it
             except (OSError, RuntimeError):
@@ -848,7 +849,7 @@ class TaskRunner:
                 outcome = "cancelled"
         if in_w >= 0:
             pipes.close(in_w)  # a task still reading its arguments gets EOF
-        call.state = "stopping"
+        advance_call(call, CallState.STOPPING)
         # Whatever is left -- all of it after a timeout or a cancel, what the
         # task left running after a normal end -- is stopped, then checked.
         tree.owned = owned_pids()
@@ -909,11 +910,11 @@ class TaskRunner:
     def snapshot(self, running: bool) -> dict[str, Any]:
         """The unit as ``hold ps`` shows it (``running``: the stack is up)."""
         calls = self.running()
-        active = sum(1 for c in calls if c.state != "queued")
+        active = sum(1 for c in calls if c.state is not CallState.QUEUED)
         return {
             "unit": self.name,
             "kind": "task",
-            "state": "ready" if running else "waiting",
+            "state": UnitState.READY if running else UnitState.WAITING,
             "pid": None,
             "port": None,
             "restarts": 0,
