@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,16 @@ from typing import Any
 from conftest import HOLD, alive, wait_for
 
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+def ignores_term(pid: int) -> bool:
+    """Has the process set SIGTERM to ignored (its ``SigIgn`` mask in /proc)?"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line.split()[1] for line in f if line.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
 
 
 def start_daemon() -> Path:
@@ -48,7 +59,9 @@ def test_each_tree_is_stopped_with_its_own_grace() -> None:
         for tid in (quick, slow)
     }  # fmt: skip
     try:
-        time.sleep(0.3)  # both have set their handlers (a TERM before would end them)
+        # Both have set their handlers (a TERM before would end them).
+        for p in procs.values():
+            wait_for(lambda p=p: ignores_term(p.pid), 10, what=f"{p.pid} to ignore SIGTERM")
         t0 = time.monotonic()
         f.close()  # (the file object keeps the descriptor open, too)
         sock.close()  # the lifeline: the daemon stops both trees

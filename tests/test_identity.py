@@ -39,6 +39,25 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
         p.wait(timeout=10)
 
 
+def unharmed(p: subprocess.Popen[bytes]) -> bool:
+    """Was nothing fatal sent to ``p`` so far? Asked by stopping it: once a
+    fatal signal has been sent, the kernel drops a SIGSTOP (the process is
+    exiting), so it either stops (unharmed) or dies. Continued afterwards."""
+
+    def state() -> str:
+        st = procscan.stat_of(p.pid)
+        return "gone" if st is None else st.state
+
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        seen = wait_for(lambda: (s := state()) in ("T", "Z", "X", "gone") and s, 10,
+                        what=f"{p.pid} to stop or die")  # fmt: skip
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+    return seen == "T"
+
+
 def _free_pid() -> int:
     """A pid that names no process now (one of ours, just reaped)."""
     p = subprocess.Popen(["true"])
@@ -67,7 +86,7 @@ def test_stale_start_time_is_never_signalled(sleeper: subprocess.Popen[bytes]) -
         with pytest.raises(NoSuchProcess):
             stale.open()
     # The live process that owns the number was not touched.
-    time.sleep(0.1)
+    assert unharmed(sleeper)
     assert sleeper.poll() is None and alive(sleeper.pid)
     assert real.is_running()
 
@@ -139,9 +158,12 @@ def test_real_pid_reuse_is_never_signalled() -> None:
     old = ProcessId.of(old_proc.pid)
     pinned = Handle.open(old)  # a pidfd opened while the old process lived
     try:
-        # Start times are in clock ticks: let at least a few pass, or the new
-        # process could share the old one's start time and be indistinguishable.
-        time.sleep(0.1)
+        # Start times are in clock ticks (since boot): wait until the clock is
+        # past the old one's tick, or the new process could share its start
+        # time and be indistinguishable.
+        tick = os.sysconf("SC_CLK_TCK")
+        wait_for(lambda: time.clock_gettime(time.CLOCK_BOOTTIME) * tick >= old.starttime + 2,
+                 what="the clock to pass the old start time")  # fmt: skip
         old_proc.kill()
         old_proc.wait(timeout=10)
         new_proc: subprocess.Popen[bytes] | None = None
@@ -167,7 +189,7 @@ def test_real_pid_reuse_is_never_signalled() -> None:
             # The pidfd opened on the old process still names only the old one.
             with pytest.raises(NoSuchProcess):
                 pinned.send_signal(signal.SIGKILL)
-            time.sleep(0.1)
+            assert unharmed(new_proc)
             assert new_proc.poll() is None and new.is_running()
             # ...while the right identity does reach it.
             new.send_signal(signal.SIGTERM)

@@ -91,7 +91,7 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
         "    deadline = time.monotonic() + 20\n"
         f"    while not Path({str(made)!r}).exists():\n"
         "        assert time.monotonic() < deadline, 'the other leaf never came'\n"
-        "        time.sleep(0.01)\n"
+        "        time.sleep(0.01)  # poll interval, under the deadline above\n"
         "def test_2_and_this_one_leaves_its_own():\n"
         "    Hierarchy.find().create('hold-mine0002')\n"
     )

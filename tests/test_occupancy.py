@@ -12,9 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 from conftest import HOLD, alive, update_config, wait_for
@@ -62,6 +63,31 @@ def _hold(procs: list[subprocess.Popen[str]], *args: str) -> subprocess.Popen[st
     return p
 
 
+class Said:
+    """What a process writes to stderr, read by a thread as it comes."""
+
+    def __init__(self, p: subprocess.Popen[str]) -> None:
+        assert p.stderr is not None
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(p.stderr,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 20) -> None:
+        wait_for(lambda: text in self.text(), timeout, what=f"{text!r} on stderr")
+
+    def all(self) -> str:
+        """Everything, once the process has closed its stderr."""
+        self.thread.join(timeout=10)
+        return self.text()
+
+
 def test_device_held_outside_any_lease_is_not_granted_until_empty(
     fake: list[Path], procs: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
@@ -69,17 +95,16 @@ def test_device_held_outside_any_lease_is_not_granted_until_empty(
     marker = tmp_path / "ran"
     client = _hold(procs, "--device", "fake:0", "-l", "waiter", "--",
                    "touch", str(marker))  # fmt: skip
+    said = Said(client)
     # It waits, and says who holds the device (after its first second).
-    time.sleep(2.5)
+    said.wait_for(f"held OUTSIDE any lease by pid {stray.pid}")
     assert client.poll() is None and not marker.exists()
     stray.terminate()
     stray.wait(timeout=10)
     # The stray's exit wakes the daemon (its pidfd), which scans again and grants.
     assert client.wait(timeout=20) == 0
     assert marker.exists()
-    assert client.stderr is not None
-    err = client.stderr.read()
-    assert f"held OUTSIDE any lease by pid {stray.pid}" in err, err
+    err = said.all()
     assert "granted fake:0" in err, err
 
 
@@ -110,8 +135,9 @@ def test_a_holder_left_on_the_device_is_stopped_before_the_next_grant(
              what="the first lease")  # fmt: skip
     intruder = _stray(procs, fake[0])
     second = _hold(procs, "--device", "fake:0", "-l", "second", "--", "true")
-    time.sleep(0.5)
-    assert second.poll() is None  # waiting behind the first lease
+    # Waiting behind the first lease, and saying so (after its first second).
+    Said(second).wait_for("waiting for fake, number 1 in line: fake:0 held by 'first'")
+    assert second.poll() is None
     go.touch()
     assert first.wait(timeout=20) == 0
     # The intruder is a survivor of the first lease: stopped, then the device

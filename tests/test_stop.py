@@ -328,7 +328,9 @@ def test_process_that_keeps_hopping_is_stopped(
     assert report.outcome == "killed"
     assert _marked(s.tree_id) == []
     assert _wait(s.child) == -signal.SIGKILL
-    # Still nothing a moment later: no generation was left to hop on.
+    # Still nothing a moment later: no generation was left to hop on. A window
+    # to watch, not a wait (no event marks a hop that does not happen): 0.2 s
+    # is some 40 of the hopper's 5 ms hops.
     time.sleep(0.2)
     assert _marked(s.tree_id) == []
 
@@ -745,7 +747,7 @@ def _grows(path: Path, window: float = 0.3) -> bool:
     while time.monotonic() < deadline:
         if path.stat().st_size != size:
             return True
-        time.sleep(0.005)
+        time.sleep(0.005)  # the poll interval inside the window being watched
     return False
 
 

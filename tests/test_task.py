@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, alive, wait_for
 
+from supervisor import procscan
+from supervisor.identity import NoSuchProcess, read_cmdline
 from supervisor.parse import allowed_cpus
 from supervisor.stackfile import StackFileError, UnitSpec, load
 from supervisor.task import (
@@ -232,7 +234,8 @@ def test_timeout_counts_from_the_start_not_the_collection(tmp_path: Path) -> Non
         pid = int(started(tmp_path)[0].split()[1])
         wait_for(lambda: call.done(), 5, what="the call to end on its own")
         assert not alive(pid)
-        time.sleep(0.5)  # collected late
+        # Collected late, on purpose: what the test is about (not a wait for an event).
+        time.sleep(0.5)
         r = call.result(timeout=0)
         assert r.outcome == "timeout" and r.exit_code == 124
         assert 0.7 <= r.wall < 3.0, r.wall
@@ -363,6 +366,26 @@ def test_the_task_starts_on_its_lane_with_0_1_2_and_a_minimal_env(
     assert out == ["Cpus_allowed_list:", str(LANE)]
 
 
+def parked(runner: TaskRunner) -> list[int]:
+    """The stubs parked in the unit's leaf: processes in it (a stub moves itself
+    into a leaf below the unit's, then reads its call) that still run the
+    stub's shell, asleep on that read. Empty while any of them is not yet there."""
+    assert runner.leaf is not None
+    pids = runner.leaf.pids()
+    for pid in pids:
+        st = procscan.stat_of(pid)
+        try:
+            cmd = read_cmdline(pid)
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except (NoSuchProcess, OSError):
+            return []
+        if st is None or st.state != "S" or not cmd.startswith("/bin/sh -c "):
+            return []
+        if wchan != "0" and "pipe" not in wchan:  # "0": the kernel does not say
+            return []
+    return pids
+
+
 def test_the_parked_stub_runs_nothing_before_a_call(tmp_path: Path) -> None:
     from supervisor.cgroup import CgroupUnavailable, Hierarchy
 
@@ -371,16 +394,14 @@ def test_the_parked_stub_runs_nothing_before_a_call(tmp_path: Path) -> None:
     except CgroupUnavailable as e:
         pytest.skip(f"no writable cgroup v2 here: {e}")
     with TaskRunner.standalone("ex", spec_of(tmp_path, "report"), cgroups="required") as runner:
-        parked = runner._parked
-        assert parked is not None, "no stub parked for the first call"
-        stub = parked.child.pid
-        assert os.path.dirname(parked.leaf.path) == runner.leaf.path  # type: ignore[union-attr]
-        time.sleep(0.2)
+        # The stub: the one process in the unit's leaf, blocked reading its call.
+        (stub,) = wait_for(lambda: parked(runner), 10, what="a stub parked for the first call")
         assert started(tmp_path) == [], "the task ran before any call"
         first = runner.call({"n": 1})
         assert first.pid == stub and first.exit_code == 0
         # Killed while parked (by anyone): the next call starts cold, isolated the same.
-        second_stub = wait_for(lambda: runner._parked, 10, what="a new stub").child.pid
+        (second_stub,) = wait_for(lambda: [p for p in parked(runner) if p != stub], 10,
+                                  what="a new stub")  # fmt: skip
         os.kill(second_stub, signal.SIGKILL)
         wait_for(lambda: not alive(second_stub), 5, what="the stub to die")
         second = runner.call({"n": 2})
