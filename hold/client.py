@@ -16,20 +16,24 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from hold.errors import HoldError
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
 from hold.statedir import StateDir
+from supervisor.exitcodes import USAGE
 from supervisor.safefile import UnsafePath, check_file, open_for_append, open_for_read
 
 START_TIMEOUT = 10.0
 T = TypeVar("T")
 
 
-class DaemonUnreachable(Exception):
+class DaemonUnreachable(HoldError):
     """No daemon answered, and none could be started (exit 125)."""
 
 
-class ConfigMismatch(Exception):
+class ConfigMismatch(HoldError):
     """Our daemon reads another configuration and cannot be replaced now (exit 2)."""
+
+    exit_code = USAGE
 
 
 class UnsafeStateFile(UnsafePath, ConfigMismatch, DaemonUnreachable):

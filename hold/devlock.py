@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from hold.errors import HoldError
 from supervisor.parse import BadValue
 
 # Searched in this order; the first that is a root-owned, sticky,
@@ -43,7 +44,7 @@ LOCK_DIRS = ("/run/lock", "/dev/shm", "/tmp")
 MAX_RECORD = 4096
 
 
-class LockUnusable(Exception):
+class LockUnusable(HoldError):
     """The lock file cannot be used (not a regular file, or not ours to open):
     the device counts as held, by whoever owns the file."""
 

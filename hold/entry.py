@@ -11,14 +11,17 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from supervisor.exitcodes import USAGE
-    from supervisor.parse import BadValue
+    from hold.errors import HoldError
+    from supervisor.errors import SupervisorError
 
     try:
         return _main(sys.argv[1:] if argv is None else argv)
-    except BadValue as e:  # bad input found deep down: still exit 2, not a traceback
+    except (HoldError, SupervisorError) as e:
+        # The one place an error of either package becomes an exit status: bad
+        # input found deep down is still exit 2, a tool failure 125, never a
+        # traceback.
         print(f"hold: {e}", file=sys.stderr)
-        return USAGE
+        return e.exit_code
 
 
 def _main(argv: list[str]) -> int:

@@ -17,6 +17,7 @@ import math
 import socket
 from typing import Any, TypeVar
 
+from hold.errors import HoldError
 from supervisor import jsonlines
 
 MAX_MESSAGE = jsonlines.MAX_LINE
@@ -25,8 +26,8 @@ MAX_DEPTH = jsonlines.MAX_DEPTH
 Message = dict[str, Any]
 
 
-class ProtocolError(Exception):
-    pass
+class ProtocolError(HoldError):
+    """A message that is not one (framing, encoding, JSON, a field): ends its connection."""
 
 
 def encode(msg: Message) -> bytes:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from hold.errors import HoldError
 from hold.lease import DEFAULT_TTL, acquire_lease, daemon_event
 from supervisor import exitcodes
 from supervisor.parse import BadValue, parse_cpus, parse_duration
@@ -60,8 +61,10 @@ OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 
-class UsageError(Exception):
-    pass
+class UsageError(HoldError):
+    """Options that do not make a command line (exit 2)."""
+
+    exit_code = exitcodes.USAGE
 
 
 class RunArgs:

@@ -16,8 +16,10 @@ import os
 import select
 import time
 
+from supervisor.errors import SupervisorError
 
-class CgroupUnavailable(Exception):
+
+class CgroupUnavailable(SupervisorError):
     """No writable cgroup v2 hierarchy here; callers fall back to walking /proc."""
 
 

@@ -20,6 +20,7 @@ import signal
 from typing import NamedTuple
 
 import supervisor as _package
+from supervisor.errors import SupervisorError
 
 if not getattr(_package, "OURS", False):
     # supervisord's __init__.py has replaced hold's (supervisor/__init__.py says why).
@@ -32,7 +33,7 @@ if not getattr(_package, "OURS", False):
     )
 
 
-class NoSuchProcess(Exception):
+class NoSuchProcess(SupervisorError):
     """The process is gone, or the pid now names a different process."""
 
     def __init__(self, pid: int, msg: str = "no such process") -> None:
@@ -40,7 +41,7 @@ class NoSuchProcess(Exception):
         self.pid = pid
 
 
-class AccessDenied(Exception):
+class AccessDenied(SupervisorError):
     """The process exists but this user may not inspect or signal it."""
 
     def __init__(self, pid: int, msg: str = "access denied") -> None:

@@ -29,6 +29,9 @@ import math
 import re
 from typing import Any
 
+from supervisor.errors import SupervisorError
+from supervisor.exitcodes import USAGE
+
 MAX_LINE = 64 * 1024  # bytes of one line, without its newline
 MAX_DEPTH = 32  # nested arrays and objects; a message object alone is 1
 MAX_INT_DIGITS = 40  # beyond any count, id or time (2**128 has 39 digits)
@@ -36,8 +39,10 @@ MAX_INT_DIGITS = 40  # beyond any count, id or time (2**128 has 39 digits)
 Message = dict[str, Any]
 
 
-class BadJSON(ValueError):
+class BadJSON(SupervisorError, ValueError):
     """The text is not strict JSON, or not within the limits; says why."""
+
+    exit_code = USAGE
 
 
 # A JSON string (the unrolled form: linear, no catastrophic backtracking).

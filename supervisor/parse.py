@@ -10,13 +10,18 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
+from supervisor.errors import SupervisorError
+from supervisor.exitcodes import USAGE
+
 # A value quoted in a message is cut to this many characters (its repr), with
 # its full length said: a message names the value, it does not echo a megabyte.
 MAX_SHOWN = 120
 
 
-class BadValue(ValueError):
+class BadValue(SupervisorError, ValueError):
     """A value from a user, a file or a client that is not acceptable."""
+
+    exit_code = USAGE
 
     def __init__(self, what: str, value: object, accepted: str, where: str = "") -> None:
         self.what = what

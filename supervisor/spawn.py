@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 
 from supervisor import procscan
 from supervisor.cgroup import Leaf
+from supervisor.errors import SupervisorError
 from supervisor.exitcodes import NOT_EXECUTABLE, NOT_FOUND, TOOL
 from supervisor.identity import Handle, ProcessId, read_stat
 from supervisor.parse import format_cpus
@@ -47,7 +48,7 @@ _CGROUP_STUB_NO_PWD = 'echo $$ > "$0" || exit 125; unset PWD; exec "$@"'
 _ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
-class SpawnError(Exception):
+class SpawnError(SupervisorError):
     """The program could not be started; ``exit_code`` is what a CLI should exit with."""
 
     def __init__(self, msg: str, exit_code: int) -> None:

@@ -57,6 +57,7 @@ from supervisor import readiness
 from supervisor.cgroup import Hierarchy, Leaf
 from supervisor.display import Display
 from supervisor.environ import minimal_env
+from supervisor.errors import SupervisorError
 from supervisor.exitcodes import BUSY, NOT_READY, OK, SURVIVORS, TOOL, UNIT_FAILED, USAGE
 from supervisor.identity import read_stat
 from supervisor.output import LineReader
@@ -75,13 +76,14 @@ TAIL = 20  # output lines kept per unit for messages
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-class StackError(Exception):
+class StackError(SupervisorError):
     """Refused before anything started; ``code`` is the exit status, ``errors`` every reason."""
 
     def __init__(self, errors: list[str], code: int = USAGE) -> None:
         super().__init__("\n".join(errors))
         self.errors = errors
         self.code = code
+        self.exit_code = code
 
 
 class Cause(NamedTuple):

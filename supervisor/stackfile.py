@@ -34,6 +34,8 @@ from pydantic import (
 )
 
 from supervisor.environ import check_name
+from supervisor.errors import SupervisorError
+from supervisor.exitcodes import USAGE
 from supervisor.parse import BadValue, did_you_mean, parse_cpus, parse_duration
 from supervisor.stackctl import STACK_NAME
 
@@ -103,8 +105,10 @@ PLACEHOLDERS_ACCEPTED = "{port}, {units.NAME.port} or {run_dir} ({{ and }} for l
 Path = tuple[str | int, ...]
 
 
-class StackFileError(Exception):
+class StackFileError(SupervisorError):
     """The stack file is not acceptable; ``errors`` lists every problem, one line each."""
+
+    exit_code = USAGE
 
     def __init__(self, errors: list[str]) -> None:
         super().__init__("\n".join(errors))

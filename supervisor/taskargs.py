@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from supervisor.errors import SupervisorError
 from supervisor.exitcodes import BUSY, USAGE
 from supervisor.stackfile import ArgSpec
 
@@ -21,7 +22,7 @@ ARGS_LIMIT = 64 << 10  # bytes of a call's arguments, as JSON
 # ---------------------------------------------------------------------- refusals
 
 
-class CallRefused(Exception):
+class CallRefused(SupervisorError):
     """The call was refused before anything started; ``code`` is the exit status,
     ``errors`` every reason (one line each)."""
 
@@ -30,6 +31,7 @@ class CallRefused(Exception):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("\n".join(errors))
         self.errors = errors
+        self.exit_code = self.code
 
 
 class ArgsRefused(CallRefused):
