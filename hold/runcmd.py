@@ -376,40 +376,37 @@ class Run:
             leaf = fg.prepare()
         if args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
             self.say(fg.walk_note(self.cgroups))
-        try:
-            if client is not None and (leaf is not None or self.spec is None):
-                tree["leaf"] = leaf.path if leaf else None
-                ans = client.request_renewing({"op": "tree", **tree})
-                if ans.get("ev") != "ok":
-                    self.say(f"warning: the daemon refused to guard this command: {ans}")
-        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
-            fg.discard()
-            self.say(f"lost the ticket daemon: {e}")
-            return exitcodes.TOOL
-        except BaseException:
-            fg.discard()
-            raise
+        with fg.until_run():  # the leaf goes, whatever happens, if the command never runs
+            try:
+                if client is not None and (leaf is not None or self.spec is None):
+                    tree["leaf"] = leaf.path if leaf else None
+                    ans = client.request_renewing({"op": "tree", **tree})
+                    if ans.get("ev") != "ok":
+                        self.say(f"warning: the daemon refused to guard this command: {ans}")
+            except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
+                self.say(f"lost the ticket daemon: {e}")
+                return exitcodes.TOOL
 
-        def on_started(t: Tree) -> None:
-            if client is not None and t.root is not None:
-                try:
-                    client.send({"op": "root", "tree_id": tree_id, "pid": t.root.pid})
-                except OSError:
-                    pass
+            def on_started(t: Tree) -> None:
+                if client is not None and t.root is not None:
+                    try:
+                        client.send({"op": "root", "tree_id": tree_id, "pid": t.root.pid})
+                    except OSError:
+                        pass
 
-        extra = {client.fileno(): self._on_daemon} if client is not None else None
-        try:
-            result = fg.run(extra=extra, on_started=on_started)
-        except SpawnError as e:
-            self.say(str(e))
-            return e.exit_code
-        finally:
-            if self.client is not None:
-                if self.lease is not None:
-                    # Returns once the daemon has ended the lease: the token is
-                    # gone and the device grantable when we return.
-                    self.client.end()
-                self.client.close()
+            extra = {client.fileno(): self._on_daemon} if client is not None else None
+            try:
+                result = fg.run(extra=extra, on_started=on_started)
+            except SpawnError as e:
+                self.say(str(e))
+                return e.exit_code
+            finally:
+                if self.client is not None:
+                    if self.lease is not None:
+                        # Returns once the daemon has ended the lease: the token is
+                        # gone and the device grantable when we return.
+                        self.client.end()
+                    self.client.close()
         report = result.report
         if args.verbose or report.survivors or report.holders_after:
             self.say(report.summary())

@@ -12,11 +12,12 @@ as the poll timeout: nothing wakes up periodically.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from supervisor import cgroup as cg
@@ -92,6 +93,17 @@ class Foreground:
         self.tree: Tree | None = None
         self.started = 0.0
         self._prepared = False
+        self._ran = False
+
+    @contextlib.contextmanager
+    def until_run(self) -> Iterator[None]:
+        """The prepared leaf's lifetime as a scope: on the way out of it, however,
+        the leaf is removed unless :meth:`run` took it over (run removes it itself)."""
+        try:
+            yield
+        finally:
+            if not self._ran:
+                self.discard()
 
     def prepare(self) -> cg.Leaf | None:
         """Create the cgroup leaf (if any) before the spawn; the caller may register it."""
@@ -150,6 +162,7 @@ class Foreground:
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         if self.interactive:
             old_handlers[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        self._ran = True
         try:
             if not self._prepared:
                 self.prepare()
