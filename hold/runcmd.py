@@ -256,34 +256,18 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     except BadValue as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return exitcodes.USAGE
-    # Until the command runs (and its own handlers take over), a signal ends
-    # us cleanly: we may be starting the daemon or waiting in line, and a
-    # traceback (or a silent death that leaves an empty cgroup leaf) is no answer.
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, interrupted) for s in forwarded}
-    try:
-        from hold.config import fingerprint
+    from hold.config import fingerprint
+    from hold.interrupt import Interrupted, interrupting
 
-        digest = fingerprint(cfg.path) if spec is not None else None
-        return Run(args, prog, cfg.cgroups, sd, spec, digest).execute()
+    digest = fingerprint(cfg.path) if spec is not None else None
+    try:
+        # Until the command runs (its own handlers take over then).
+        with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+            return Run(args, prog, cfg.cgroups, sd, spec, digest).execute()
     except Interrupted as e:
         print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running",
               file=sys.stderr)  # fmt: skip
         return exitcodes.signalled(e.signum)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def interrupted(signum: int, frame: object) -> None:
-    """A signal handler: raise :class:`Interrupted` (before a command's own handlers)."""
-    raise Interrupted(signum)
 
 
 class Run:

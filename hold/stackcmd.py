@@ -155,19 +155,15 @@ def main_up(
     # Until the stack's own loop takes the stop signals over, one ends this
     # run cleanly: it may be waiting for a ticket or making its trees, and
     # `hold down` of a stack that is starting sends exactly that.
-    from hold.runcmd import Interrupted, interrupted
+    from hold.interrupt import Interrupted, interrupting
 
-    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-    old = {s: signal.signal(s, interrupted) for s in stop_signals}
     try:
-        return StackRun(spec, sd, cfg, seconds, status_fd).execute()
+        with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)):
+            return StackRun(spec, sd, cfg, seconds, status_fd).execute()
     except Interrupted as e:
         say(f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
             "nothing is left running")  # fmt: skip
         return signalled(e.signum)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 class StatusPipe:

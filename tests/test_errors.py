@@ -18,7 +18,7 @@ from supervisor.exitcodes import TOOL, USAGE
 # Not errors but control flow (a signal arrived) or bugs (a transition the
 # code must never make): deliberately outside the trees.
 OUTSIDE = {
-    "hold.runcmd.Interrupted",
+    "hold.interrupt.Interrupted",
     "hold.callcmd._Interrupted",
     "supervisor.states.BadTransition",
 }
