@@ -30,7 +30,7 @@ from supervisor.parse import BadValue, parse_cpus, parse_duration
 if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.client import Client
     from hold.statedir import StateDir
-    from supervisor.foreground import Cause
+    from supervisor.cause import Cause
 
 USAGE = "hold run [OPTIONS] -- COMMAND [ARG...]"
 
@@ -426,7 +426,7 @@ class Run:
 
     def _on_daemon(self, fd: int) -> Cause | None:
         """A message from the daemon while the command runs: expiry, release, or its loss."""
-        from supervisor.foreground import Cause
+        from supervisor.cause import Cause
 
         assert self.client is not None
         ev = daemon_event(self.client, self.say)

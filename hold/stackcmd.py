@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from hold.client import Client
     from hold.config import Config
     from hold.statedir import StateDir
+    from supervisor.cause import Cause
     from supervisor.cgroup import Leaf
-    from supervisor.stack import Cause
     from supervisor.stackfile import StackSpec
     from supervisor.tree import Tree
 
@@ -390,7 +390,7 @@ class StackRun:
 
     def _on_daemon(self, fd: int) -> Cause | None:
         from hold.lease import daemon_event
-        from supervisor.stack import Cause
+        from supervisor.cause import Cause
 
         assert self.client is not None
         ev = daemon_event(self.client, self.say)

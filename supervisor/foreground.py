@@ -21,20 +21,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from supervisor import cgroup as cg
+from supervisor.cause import Cause
 from supervisor.exitcodes import EXPIRED, SURVIVORS, signalled
 from supervisor.spawn import Child, owned_pids, spawn
 from supervisor.stop import StopReport, reap_adopted, stop_tree
 from supervisor.tree import Tree
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-class Cause(NamedTuple):
-    """Why the command is being stopped: ``exited``, ``expired``, ``signal`` or the caller's."""
-
-    kind: str
-    signal: int | None = None
-    detail: str = ""
 
 
 class RunResult(NamedTuple):
@@ -246,7 +239,7 @@ class Foreground:
                         if signum == signal.SIGCHLD:
                             self._on_sigchld(child)
                         elif signum in FORWARDED:
-                            return Cause("signal", signum, signal.Signals(signum).name)
+                            return Cause("signal", signal.Signals(signum).name, signal=signum)
                 elif fd in extra:
                     cause = extra[fd](fd)
                     if cause is not None:

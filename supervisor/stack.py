@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from supervisor import readiness
+from supervisor.cause import Cause
 from supervisor.cgroup import Hierarchy, Leaf
 from supervisor.display import Display
 from supervisor.environ import minimal_env
@@ -84,15 +85,6 @@ class StackError(SupervisorError):
         self.errors = errors
         self.code = code
         self.exit_code = code
-
-
-class Cause(NamedTuple):
-    """Why the stack stops: ``signal``, ``down``, ``time``, ``start`` (failed to start),
-    ``unit`` (a unit ended with no restart left), or the caller's (``expired``...)."""
-
-    kind: str
-    detail: str
-    code: int
 
 
 # Called with the descriptor that became readable; a cause to stop the stack, or None.
