@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from hold.statedir import StateDir
     from supervisor.cause import Cause
     from supervisor.cgroup import Leaf
+    from supervisor.stack import Stack
     from supervisor.stackfile import StackSpec
     from supervisor.tree import Tree
 
@@ -233,7 +234,6 @@ class StackRun:
             say(text)
 
     def execute(self) -> int:
-        from hold.client import Client, DaemonUnreachable
         from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.display import Display
         from supervisor.stack import Stack, StackError
@@ -264,21 +264,26 @@ class StackRun:
                 self.say(line)
             return e.code
 
+        with stack.until_run():  # its lock and logs let go on every way out, unless it ran
+            return self._run(stack, cfg)
+
+    def _run(self, stack: Stack, cfg: Config) -> int:
+        """The daemon, the ticket, then the stack itself."""
+        from hold.client import Client, ConfigMismatch, DaemonUnreachable
+        from hold.config import fingerprint
+        from supervisor.stack import StackError
+
+        spec = self.spec
         # The daemon before the stack starts: if we have to start one, it must
         # not become our child while we are a subreaper (the stack may make us one).
-        from hold.client import ConfigMismatch
-        from hold.config import fingerprint
-
         try:
             digest = fingerprint(cfg.path) if spec.hold is not None else None
             self.client = Client.with_session(self.sd, config=digest)
         except ConfigMismatch as e:
-            stack.release()
             self.say(str(e))
             return USAGE
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if spec.hold is not None:
-                stack.release()
                 self.say(f"cannot reach the ticket daemon: {e}")
                 return TOOL
             self.say(
@@ -291,7 +296,6 @@ class StackRun:
             if spec.hold is not None:
                 code = self._acquire(env)
                 if code is not None:
-                    stack.release()
                     return code
             if self.client is not None:
                 stack.extra[self.client.fileno()] = self._on_daemon

@@ -40,6 +40,7 @@ each new root after each spawn (``on_started``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import functools
 import json
@@ -50,7 +51,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from supervisor import readiness
@@ -269,6 +270,7 @@ class Stack:
         self._ev_r = self._ev_w = -1
         self._control: ControlServer | None = None
         self._prepared = False
+        self._ran = False  # run() took over what prepare() took
         self.ports: dict[str, int] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -528,6 +530,7 @@ class Stack:
         ``extra_env`` (the ticket's variables) is set for every unit, over its
         own ``env``. Calls :meth:`prepare` first if the caller has not.
         """
+        self._ran = True
         if not self._prepared:
             self.prepare()
         try:
@@ -573,6 +576,16 @@ class Stack:
                 except OSError as e:
                     self.say(f"{u.name}: cgroup leaf {u.leaf.path} not removed: {e}")
             u.leaf = None
+
+    @contextlib.contextmanager
+    def until_run(self) -> Iterator[None]:
+        """What :meth:`prepare` took (the name's lock, the logs) as a scope: let go
+        of on every way out of it unless :meth:`run` took them over (it lets go itself)."""
+        try:
+            yield
+        finally:
+            if not self._ran:
+                self.release()
 
     def release(self) -> None:
         """Let go of the stack's name (its lock) without running it."""
