@@ -1041,12 +1041,11 @@ class Daemon:
         if self.recheck_at is not None and self.recheck_at <= now_mono:
             # Look again at what no kernel event will tell us about: a holder
             # outside any lease that closed the node without exiting, a lock
-            # file we could not open. Scheduling sets the timer again if needed.
+            # file we could not open (_schedule tries those again). Scheduling
+            # sets the timer again if needed.
             self.recheck_at = None
             for key in list(self.blocked):
                 self._unblock(key)
-            for dev in [d for d in self.elsewhere if self._key(d) not in self.locks.waiting]:
-                del self.elsewhere[dev]
             for cls in self.classes:
                 self._schedule(cls)
         for s in list(self.sessions.values()):

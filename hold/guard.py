@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import time
 
-from hold.protocol import LineBuffer, ProtocolError, encode
+from hold.protocol import ProtocolError
 from hold.records import LeaseRecord
 from hold.statedir import StateDir
 from supervisor import procscan
@@ -30,39 +29,27 @@ TIMEOUT = 10.0
 
 def check(sd: StateDir, cls: str) -> tuple[bool, str]:
     """``(covered, one line saying why)`` for this process (and so for its parent)."""
+    from hold.client import Client, DaemonUnreachable
+
     no = f"no {cls} lease covers this process"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        try:
-            sock.connect(sd.socket)
-        except (FileNotFoundError, ConnectionRefusedError):
-            return False, f"{no}: no ticket daemon serves {sd.path}"
-        except PermissionError:
-            return False, f"{no}: may not reach the ticket daemon at {sd.socket}"
-        _pid, uid, _gid = struct.unpack(
-            "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        )
+        client = Client.connect(sd, autostart=False)
+    except DaemonUnreachable as e:
+        return False, f"{no}: {e}"
+    try:
+        _pid, uid, _gid = struct.unpack("3i", client.sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))  # fmt: skip
         if uid not in (0, os.geteuid()):
             return False, (f"{no}: the daemon at {sd.socket} runs as uid {uid}, neither "
                            "root nor you; its answer proves nothing")  # fmt: skip
-        sock.settimeout(TIMEOUT)
-        sock.sendall(encode({"op": "check", "cls": cls}))
-        buf = LineBuffer()
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            data = sock.recv(65536)
-            if not data:
-                break
-            for msg in buf.feed(data):
-                if msg.get("ev") == "check":
-                    return bool(msg.get("covered") is True), str(msg.get("why"))
-                if msg.get("ev") == "error":
-                    raise BadValue("--device", cls, str(msg.get("error")))
-        return False, "the ticket daemon did not answer"
-    except (OSError, ProtocolError) as e:
-        return False, f"no answer from the ticket daemon at {sd.socket}: {e}"
+        ans = client.request({"op": "check", "cls": cls}, TIMEOUT)
+    except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
+        return False, f"{no}: no answer from the ticket daemon at {sd.socket}: {e}"
     finally:
-        sock.close()
+        client.close()
+    if ans.get("ev") == "error":
+        raise BadValue("--device", cls, str(ans.get("error")))
+    return ans.get("covered") is True, str(ans.get("why"))
 
 
 def judge(asker: ProcessId, cls: str, records: list[LeaseRecord]) -> tuple[bool, str]:
