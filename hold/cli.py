@@ -10,12 +10,14 @@ from typing import Any
 
 import click
 
-from hold.runcmd import help_text
+from hold.runargs import help_text
 from supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
 from supervisor.parse import BadValue
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hold", prog_name="hold", message="%(prog)s %(version)s",
+                      help="Show the version and exit.")  # fmt: skip
 def cli() -> None:
     """Device tickets and process supervision: nothing outlives what started it."""
 

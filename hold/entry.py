@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv == ["--version"]:  # before click: as fast as `npu-hold --version`
+        from hold.version import version_line
+
+        print(version_line("hold"))
+        return 0
     if argv and argv[0] == "run":
         from hold.runcmd import main_run
 

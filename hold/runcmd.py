@@ -1,9 +1,7 @@
 """``hold run`` / ``npu-hold`` / ``gpu-hold``: parse strictly, then run to the end.
 
-The argument parser is hand-written rather than click's: this is the hot
-path (``hold run -- true`` and ``npu-hold -- true`` are benchmarks), and
-importing click alone costs several times Python's own start-up. The option
-table below is the single source for the parser and for ``--help``.
+The options (hand-written, not click: this is the hot path) are read in
+:mod:`hold.runargs`.
 
 The flow: connect to the daemon (starting one if none answers); with a
 device, ask for a lease and wait in line; register the command's tree (its
@@ -22,216 +20,34 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from hold.errors import HoldError
 from hold.lease import DEFAULT_TTL, acquire_lease, daemon_event
+from hold.runargs import RunArgs, UsageError, help_text, parse_run_args, usage_for
 from supervisor import exitcodes
-from supervisor.parse import BadValue, parse_cpus, parse_duration
+from supervisor.parse import BadValue
 
 if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.client import Client
     from hold.statedir import StateDir
     from supervisor.cause import Cause
 
-USAGE = "hold run [OPTIONS] -- COMMAND [ARG...]"
-
-# (long, short, metavar or None for a flag, help)
-Option = tuple[str, str | None, str | None, str]
-OPTIONS: tuple[Option, ...] = (
-    ("--time", "-t", "DURATION",
-     "time limit: 90s, 4m, 2h (a plain number is minutes); at the limit the "
-     "command is stopped and the exit status is 124"),
-    ("--cpus", None, "LIST", "run on these CPUs only, e.g. 0-3,8"),
-    ("--grace", None, "DURATION",
-     "how long the command may take to stop after the polite signal before it "
-     "is killed (a plain number is seconds; default 10s)"),
-    ("--signal", "-s", "SIGNAL", "the polite stop signal (default TERM)"),
-    ("--env", "-e", "NAME=VALUE", "set a variable for the command (repeatable)"),
-    ("--pass-env", None, "NAME", "pass this variable through from here (repeatable)"),
-    ("--device", "-d", "CLASS[:INDEX,...]",
-     "hold a lease on devices of this class (npu, gpu, or one configured) while "
-     "the command runs"),
-    ("--label", "-l", "LABEL", "what the lease is for, shown to others (with --device)"),
-    ("--count", "-n", "COUNT", "how many devices of the class (with --device; default 1)"),
-    ("--wait-timeout", None, "DURATION",
-     "give up waiting for the device after this long: exit 75 (plain number: seconds)"),
-    ("--no-wait", None, None, "exit 75 at once if the device is taken"),
-    ("--private", None, None, "show the label to you and root only (with --device)"),
-    ("--verbose", "-v", None, "print the stop report on stderr"),
-    ("--help", "-h", None, "show this message and exit"),
-)  # fmt: skip
-
-
-class UsageError(HoldError):
-    """Options that do not make a command line (exit 2)."""
-
-    exit_code = exitcodes.USAGE
-
-
-class RunArgs:
-    """``hold run``'s options, parsed."""
-
-    def __init__(self, command: list[str]) -> None:
-        self.command = command
-        self.time: float | None = None
-        self.cpus: frozenset[int] | None = None
-        self.grace = 10.0
-        self.signal = int(signal.SIGTERM)
-        self.env: dict[str, str] = {}
-        self.pass_env: list[str] = []
-        self.device: str | None = None
-        self.label: str | None = None
-        self.count: int | None = None
-        self.wait_timeout: float | None = None
-        self.no_wait = False
-        self.private = False
-        self.verbose = False
-        self.help = False
-
-
-def help_text(usage: str = USAGE, options: tuple[Option, ...] = OPTIONS) -> str:
-    lines = [f"Usage: {usage}", ""]
-    for long, short, meta, text in options:
-        name = f"{short}, {long}" if short else f"    {long}"
-        if meta:
-            name += f" {meta}"
-        lines.append(f"  {name:<30} {text}")
-    return "\n".join(lines)
-
-
-def parse_signal(text: str) -> int:
-    name = text.upper().removeprefix("SIG")
-    if name.isdigit():
-        num = int(name)
-        if num in signal.valid_signals() and num not in (0, signal.SIGKILL, signal.SIGSTOP):
-            return num
-    else:
-        sig = getattr(signal, "SIG" + name, None)
-        if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
-            return int(sig)
-    raise BadValue(
-        "--signal", text,
-        "a signal name or number such as TERM, INT, HUP "
-        "(not KILL or STOP: the polite signal must be catchable)",
-    )  # fmt: skip
-
-
-def split_options(
-    argv: list[str], table: tuple[Option, ...]
-) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """Split ``argv`` into ``[(long, value)]`` and the command after them.
-
-    Options end at ``--`` or at the first argument that is not an option, as
-    for ``timeout(1)``: ``hold run sleep -t 5`` runs ``sleep -t 5``.
-    """
-    by_name: dict[str, tuple[str, str | None]] = {}
-    for long, short, meta, _ in table:
-        by_name[long] = (long, meta)
-        if short:
-            by_name[short] = (long, meta)
-    out: list[tuple[str, str | None]] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--":
-            return out, argv[i + 1 :]
-        if not arg.startswith("-") or arg == "-":
-            return out, argv[i:]
-        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg[:2], "", arg[2:])
-        if name not in by_name:
-            from supervisor.parse import did_you_mean
-
-            raise UsageError(f"no such option: {name}{did_you_mean(name, list(by_name))}")
-        long, meta = by_name[name]
-        if meta is None:
-            if eq or value:
-                raise UsageError(f"option {name} takes no value")
-            out.append((long, None))
-        else:
-            if not eq and not value:
-                i += 1
-                if i >= len(argv):
-                    raise UsageError(f"option {name} needs a value ({meta})")
-                value = argv[i]
-            out.append((long, value))
-        i += 1
-    return out, []
-
-
-def parse_run_args(argv: list[str], *, device: str | None = None) -> RunArgs:
-    """Strictly parse ``hold run`` arguments; raises UsageError or BadValue."""
-    from supervisor.environ import check_name, parse_assignment
-
-    opts, command = split_options(argv, OPTIONS)
-    args = RunArgs(command=command)
-    args.device = device
-    for long, value in opts:
-        if long == "--help":
-            args.help = True
-        elif long == "--verbose":
-            args.verbose = True
-        elif long == "--no-wait":
-            args.no_wait = True
-        elif long == "--private":
-            args.private = True
-        elif value is None:
-            raise AssertionError(long)
-        elif long == "--time":
-            args.time = parse_duration(value, what="-t/--time", plain_unit="minutes")
-        elif long == "--cpus":
-            args.cpus = parse_cpus(value, what="--cpus")
-        elif long == "--grace":
-            args.grace = parse_duration(value, what="--grace", plain_unit="seconds",
-                                        allow_zero=True)  # fmt: skip
-        elif long == "--signal":
-            args.signal = parse_signal(value)
-        elif long == "--env":
-            k, v = parse_assignment(value, where="--env")
-            args.env[k] = v
-        elif long == "--pass-env":
-            args.pass_env.append(check_name(value, where="--pass-env"))
-        elif long == "--device":
-            args.device = value
-        elif long == "--label":
-            args.label = value
-        elif long == "--count":
-            if not value.isascii() or not value.isdigit() or int(value) < 1:
-                raise BadValue("-n/--count", value, "a whole number of devices, 1 or more")
-            args.count = int(value)
-        elif long == "--wait-timeout":
-            args.wait_timeout = parse_duration(value, what="--wait-timeout",
-                                               plain_unit="seconds", allow_zero=True)  # fmt: skip
-    if args.help:
-        return args
-    if not args.command:
-        raise UsageError("no command given (hold run [OPTIONS] -- COMMAND [ARG...])")
-    if args.device is None:
-        for flag, given in (("--label", args.label), ("--count", args.count),
-                            ("--wait-timeout", args.wait_timeout),
-                            ("--no-wait", args.no_wait or None),
-                            ("--private", args.private or None)):  # fmt: skip
-            if given is not None:
-                raise UsageError(f"{flag} needs --device (or npu-hold / gpu-hold)")
-    if args.label is not None:
-        from hold.protocol import check_label
-
-        why = check_label(args.label)
-        if why:
-            raise BadValue("-l/--label", args.label, why)
-    if args.no_wait and args.wait_timeout is not None:
-        raise UsageError("--no-wait and --wait-timeout exclude each other")
-    return args
-
-
 def main_run(argv: list[str], prog: str = "hold run", device: str | None = None) -> int:
     """``hold run``; returns the exit status (see the README's table)."""
+    usage = usage_for(prog)
+    if not argv:
+        print(f"Usage: {usage}\nTry '{prog} --help' for the options.", file=sys.stderr)
+        return exitcodes.USAGE
     try:
-        args = parse_run_args(argv, device=device)
+        args = parse_run_args(argv, device=device, usage=usage)
     except (UsageError, BadValue) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return exitcodes.USAGE
     if args.help:
-        usage = USAGE if prog == "hold run" else f"{prog} [OPTIONS] -- COMMAND [ARG...]"
         print(help_text(usage))
+        return 0
+    if args.version:
+        from hold.version import version_line
+
+        print(version_line(prog))
         return 0
     try:
         from hold.config import load
