@@ -6,6 +6,7 @@ where it came from, and what would have been accepted. Nothing is defaulted.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -66,8 +67,21 @@ def did_you_mean(
 
 # re.ASCII: a str pattern's \d also matches other scripts' digits ("\u0665"), and
 # int()/float() would accept them; a strict parser takes 0-9 only.
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", re.ASCII)
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NUMBER = r"\d+(?:\.\d+)?"
+_PLAIN = re.compile(_NUMBER, re.ASCII)
+_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)", re.ASCII)
+_PARTS = re.compile(rf"(?:{_NUMBER}(?:ms|s|m|h|d))+", re.ASCII)
+_UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}  # largest first
+_UNIT_RANK = {u: i for i, u in enumerate(_UNIT_SECONDS)}
+
+
+def duration_accepted(plain_unit: str, allow_zero: bool = False) -> str:
+    """What :func:`parse_duration` accepts, in words (the end of its error messages)."""
+    return (
+        "a number with a unit ms, s, m, h or d (90s, 4m, 1.5h), or several from the "
+        "largest unit down (1h30m, 2m30s, 1d12h; a fraction in the last one only); "
+        f"a plain number is {plain_unit}" + ("" if allow_zero else "; more than zero")
+    )
 
 
 def parse_duration(
@@ -78,20 +92,22 @@ def parse_duration(
     allow_zero: bool = False,
     where: str = "",
 ) -> float:
-    """Seconds in ``text`` (``90s``, ``4m``, ``2h``, ``1.5h``, ``250ms``, ``1d``).
+    """Seconds in ``text`` (``90s``, ``4m``, ``2h``, ``1.5h``, ``250ms``, ``1d``,
+    ``1h30m``, ``2m30s``, ``1d12h``, ``1m30.5s``).
 
     A plain number is in ``plain_unit``: minutes for ``-t`` (as the tickets have
-    always been given), seconds for grace periods (as ``timeout -k``).
+    always been given), seconds for grace periods (as ``timeout -k``). Parts
+    go from the largest unit down, each unit once; only the last may have a
+    fraction (``1.5h30m`` is refused: say ``2h``).
     """
-    accepted = (
-        f"a number with a unit ms, s, m, h or d (90s, 4m, 2h); a plain number is {plain_unit}"
-        + ("" if allow_zero else "; more than zero")
-    )
-    m = _DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
-    if m is None:
+    accepted = duration_accepted(plain_unit, allow_zero)
+    value = text.strip() if isinstance(text, str) else None
+    if value is not None and _PLAIN.fullmatch(value):
+        seconds = float(value) * _UNIT_SECONDS[{"minutes": "m", "seconds": "s"}[plain_unit]]
+    elif value is not None and _PARTS.fullmatch(value):
+        seconds = _sum_parts(value, what, text, accepted, where)
+    else:
         raise BadValue(what, text, accepted, where)
-    unit = m.group(2) or {"minutes": "m", "seconds": "s"}[plain_unit]
-    seconds = float(m.group(1)) * _UNIT_SECONDS[unit]
     if seconds == 0 and not allow_zero:
         raise BadValue(what, text, accepted, where)
     if seconds > 366 * 86400:
@@ -99,8 +115,20 @@ def parse_duration(
     return seconds
 
 
+def _sum_parts(value: str, what: str, text: str, accepted: str, where: str) -> float:
+    """The seconds of ``1h30m`` (already known to be parts): units largest first, once each."""
+    parts = [(m.group(1), m.group(2)) for m in _PART.finditer(value)]
+    ranks = [_UNIT_RANK[unit] for _, unit in parts]
+    if any(b <= a for a, b in itertools.pairwise(ranks)):
+        raise BadValue(what, text, f"each unit once, the largest first; {accepted}", where)
+    if any("." in number for number, _ in parts[:-1]):
+        raise BadValue(what, text, f"only the last part may have a fraction; {accepted}", where)
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
 def format_duration(seconds: float | None) -> str:
-    """A duration for people: ``4.2s``, ``42s``, ``5m07s``, ``2h05m``; ``-`` for None."""
+    """A duration for people, as :func:`parse_duration` reads it back: ``4.2s``, ``42s``,
+    ``5m07s``, ``1h12m``, ``2h05m``, ``3d04h``; ``-`` for None."""
     if seconds is None:
         return "-"
     s = int(seconds)
@@ -110,7 +138,9 @@ def format_duration(seconds: float | None) -> str:
         return f"{s}s"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def allowed_cpus() -> frozenset[int]:

@@ -13,6 +13,7 @@ from supervisor.parse import (
     allowed_cpus,
     did_you_mean,
     format_cpus,
+    format_duration,
     parse_cpus,
     parse_duration,
     shorten,
@@ -40,6 +41,14 @@ from supervisor.parse import (
         ("2.5", "seconds", 2.5),
         # Surrounding blanks (a value read from a file) are not part of it.
         (" 90s ", "minutes", 90.0),
+        # Compound: from the largest unit down, a fraction in the last part only.
+        ("1h30m", "minutes", 5400.0),
+        ("2m30s", "seconds", 150.0),
+        ("1d12h", "minutes", 129600.0),
+        ("1m30.5s", "minutes", 90.5),
+        ("1s500ms", "seconds", 1.5),
+        ("1d2h3m4s5ms", "minutes", 93784.005),
+        ("0h5m", "minutes", 300.0),
     ],
 )
 def test_duration_accepted(text: str, plain_unit: str, seconds: float) -> None:
@@ -69,6 +78,15 @@ def test_duration_accepted(text: str, plain_unit: str, seconds: float) -> None:
         "nan",
         "+5",
         "5s10m",
+        "1h1h",
+        "30m1h",
+        "1.5h30m",
+        "1h 30m",
+        "1h30",
+        "h30m",
+        "1h30m-",
+        "0h0m",
+        "366d1h",
         "367d",
         # Digits other than ASCII 0-9 (Arabic-Indic five, fullwidth five):
         # int() and float() would take them, a strict parser must not.
@@ -85,6 +103,31 @@ def test_duration_refused_naming_the_value(text: str) -> None:
     assert repr(text) in msg, msg
     assert msg.startswith("-t: time limit"), msg
     assert err.accepted and err.accepted in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("5s10m", "each unit once, the largest first"), ("1h1h", "each unit once"),
+     ("1.5h30m", "only the last part may have a fraction")],
+)  # fmt: skip
+def test_compound_duration_refusal_says_why(text: str, why: str) -> None:
+    with pytest.raises(BadValue) as info:
+        parse_duration(text, what="-t/--time", plain_unit="minutes")
+    msg = str(info.value)
+    assert msg.startswith(f"-t/--time {text!r} is not valid: {why}"), msg
+    assert "1h30m" in msg and "plain number is minutes" in msg
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(4.25, "4.2s"), (42, "42s"), (307, "5m07s"), (4320, "1h12m"), (7500, "2h05m"),
+     (90000, "1d01h"), (273600, "3d04h"), (None, "-")],
+)  # fmt: skip
+def test_format_duration_reads_back(seconds: float | None, shown: str) -> None:
+    assert format_duration(seconds) == shown
+    if seconds is not None and seconds >= 60:
+        back = parse_duration(shown, plain_unit="seconds")
+        assert seconds - 3600 < back <= seconds  # cut, never more
 
 
 def test_duration_zero_only_when_allowed() -> None:

@@ -124,3 +124,13 @@ def test_help_fits_80_columns(prog: str) -> None:
     for opt in ("--time DURATION", "--device CLASS[:INDEX,...]", "--version", "-v, --verbose"):
         assert opt in res.stdout
     assert res.stdout.startswith(f"Usage: {prog} [OPTIONS] -- COMMAND [ARG...]\n")
+
+
+def test_compound_duration_for_real() -> None:
+    """``-t 0m1.5s``: read as 1.5 s; the command is stopped at it (124)."""
+    res = run([*PROGS["hold run"], "-t", "0m1.5s", "--grace", "0s500ms", "--", "sleep", "30"])
+    assert res.returncode == 124, res.stderr
+    assert "time limit of 1.5s reached" in res.stderr
+    res = run([*PROGS["hold run"], "-t", "1m1h", "--", "true"])
+    assert res.returncode == 2
+    assert "'1m1h' is not valid: each unit once, the largest first" in res.stderr
