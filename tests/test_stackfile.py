@@ -108,8 +108,8 @@ units:
     expect = [
         "1: name: 'qwen tools' is not valid: letters, digits",
         "2: colour: unknown key; accepted: name, hold, units",
-        "5: units.model.cmd[2]: unknown placeholder {prot}: accepted {port}, {units.NAME.port} "
-        "or {run_dir}",
+        "5: units.model.cmd[2]: unknown placeholder {prot}: accepted {port}, {units.NAME.port}, "
+        "{run_dir}, {stack_dir} or {scratch}",
         "5: units.model.cmd[3]: True is not valid: a string (quote values like yes, no, on, off)",
         "6: units.model.port: 'automatic' is not valid: auto (the kernel picks a free port) or a "
         "port number 1-65535",
@@ -126,14 +126,15 @@ units:
         "11: units.model.stop.grace: 'soon' is not valid: a duration with its unit",
         "12: units.model.after[0]: 'nobody' names no unit (units: model, predictor, executor)",
         "12: units.model.after: cycle: model -> predictor -> model",
-        "13: units.model.kind: 'job' is not valid: one of service, task",
-        "14: units.model.extra_key: unknown key; accepted: kind, cmd, port, cpus, env, pass_env, "
-        "ready, restart, stop, after, timeout, concurrency, args",
+        "13: units.model.kind: 'job' is not valid: one of service, oneshot, task",
+        "14: units.model.extra_key: unknown key; accepted: kind, cmd, cwd, port, cpus, env, "
+        "env_file, pass_env, ready, liveness, restart, stop, after, essential, scratch, timeout, "
+        "concurrency, args",
         "17: units.predictor.cmd[1]: {units.ghost.port} names no unit",
         "17: units.predictor.cmd[2]: {units.executor.port}: unit executor has no port",
         "18: units.predictor.ready.tcp: {port} used, but unit predictor has no port",
         "19: units.executor.cmd: missing (required)",
-        "20: units.executor.ready: exactly one of http, tcp, log, exec, file is needed",
+        "20: units.executor.ready: exactly one of http, tcp, log, exec, file, notify is needed",
         "21: units.executor.cpus: '0-' is not valid: a list of CPUs and ranges",
     ]
     for e in expect:
@@ -157,8 +158,8 @@ units:
             "3: units.a.cmd[1]: unknown placeholder {units.b}",
         ),
         (
-            "name: x\nunits:\n  a: {cmd: [a, '{port']}\n",
-            "3: units.a.cmd[1]: '{port' has an unmatched brace",
+            "name: x\nunits:\n  a: {cmd: [a, 'x{port']}\n",
+            "3: units.a.cmd[1]: '{port' has no closing brace",
         ),
         (
             "name: x\nunits:\n  a: {cmd: [a], env: {X: '{home}'}}\n",
@@ -183,7 +184,8 @@ units:
         ),
         (
             "name: x\nunits:\n  a: {cmd: [a], ready: {log: x, file: y}}\n",
-            "3: units.a.ready: exactly one of http, tcp, log, exec, file is needed (got log, file)",
+            "3: units.a.ready: exactly one of http, tcp, log, exec, file, notify is needed "
+            "(got log, file)",
         ),
         (
             "name: x\nunits:\n  a: {cmd: [a], port: 80}\n  b: {cmd: [b], port: 80}\n",
