@@ -17,13 +17,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from supervisor.exitcodes import BUSY, TOOL
-from supervisor.parse import format_duration
+from supervisor.parse import format_duration, format_until, format_when, time_left
 
 if TYPE_CHECKING:
     from hold.client import Client
     from hold.devices import DeviceClass
     from hold.protocol import Message
     from hold.statedir import StateDir
+    from hold.waitline import WaitLine
 
 DEFAULT_TTL = 24 * 3600.0  # a lease without -t; shown by `hold status`
 
@@ -50,8 +51,10 @@ def acquire_lease(
     tree: Mapping[str, object] | None,
     env: dict[str, str],
     private: bool = False,
+    live: WaitLine | None = None,
 ) -> Granted | int:
-    """Ask for a lease and wait in line (saying who holds the device after 1 s).
+    """Ask for a lease and wait in line (saying who holds the device after 1 s:
+    on ``live``, a line redrawn in place, where given; else a line per change).
 
     Returns the grant, with the lease's variables added to ``env``
     (``HOLD_LEASE``, ``HOLD_DEVICES``, the class's visible-devices
@@ -70,7 +73,12 @@ def acquire_lease(
         "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
         "private": private, "allowed": allowed,
     }  # fmt: skip
-    return _Line(client, say, cls, ask, wait_timeout).wait(sd, klass, env)
+    line = _Line(client, say, cls, ask, wait_timeout, live)
+    try:
+        return line.wait(sd, klass, env)
+    finally:
+        if live is not None:
+            live.clear()
 
 
 def _device_class(client: Client, cls: str) -> DeviceClass | None:
@@ -99,9 +107,11 @@ class _Line:
         cls: str,
         ask: Message,
         wait_timeout: float | None,
+        live: WaitLine | None = None,
     ) -> None:
         self.client = client
-        self.say = say
+        self._say = say
+        self.live = live
         self.cls = cls
         self.ask = ask
         self.wait_timeout = wait_timeout
@@ -109,6 +119,24 @@ class _Line:
         self.deadline: float | None = None
         self.shown: object = None  # the last waiting message said
         self.latest: Message | None = None  # the last "queued" message heard
+
+    def say(self, text: str) -> None:
+        """A message of its own line (the live line, if drawn, makes way)."""
+        if self.live is not None:
+            self.live.clear()
+        self._say(text)
+
+    def _show(self, msg: Message | None) -> None:
+        """Say where we stand: the live line redrawn, or a line (once per change)."""
+        if self.live is not None:
+            from hold.waitline import summary
+
+            self.shown = msg if msg is not None else True
+            waited = time.monotonic() - self.start
+            self.live.draw(summary(self.cls, msg, waited, self.live.width()))
+        elif msg is not None and msg != self.shown:
+            self.shown = msg
+            self._say(describe_wait(self.cls, msg))
 
     def wait(self, sd: StateDir, klass: DeviceClass | None, env: dict[str, str]) -> Granted | int:
         """Send the request and wait: the grant (``env`` filled in), or an exit status."""
@@ -143,13 +171,20 @@ class _Line:
                 return code
 
     def _wake(self) -> float | None:
-        """When to stop reading: at the 1 s mark to say who holds the device;
-        otherwise only when the daemon tells us something changed (or at the deadline)."""
-        wake = self.deadline
-        if self.shown is None and self.latest is not None:
+        """When to stop reading: at the 1 s mark to say who holds the device, and
+        then each second for the live line; otherwise only when the daemon tells
+        us something changed (or at the deadline)."""
+        from hold.waitline import REFRESH
+
+        mark: float | None = None
+        if self.live is not None:
+            waited = time.monotonic() - self.start
+            mark = self.start + max(1.0, (int(waited / REFRESH) + 1) * REFRESH)
+        elif self.shown is None and self.latest is not None:
             mark = self.start + 1.0
-            wake = mark if wake is None else min(wake, mark)
-        return wake
+        if mark is None or self.deadline is None:
+            return mark if mark is not None else self.deadline
+        return min(mark, self.deadline)
 
     def _ask_a_new_daemon(self) -> bool:
         """A new session (a daemon started if need be) and the request again."""
@@ -168,9 +203,8 @@ class _Line:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             self.say(f"{self.cls} not granted within {self.wait_timeout:g}s; giving up")
             return BUSY
-        if self.latest is not None:
-            self.shown = self.latest
-            self.say(describe_wait(self.cls, self.latest))
+        if self.live is not None or self.latest is not None:
+            self._show(self.latest)
         return None
 
     def _on_message(self, msg: Message) -> int | None:
@@ -178,9 +212,8 @@ class _Line:
         ev = msg.get("ev")
         if ev == "queued":
             self.latest = msg
-            if time.monotonic() - self.start >= 1.0 and msg != self.shown:
-                self.shown = msg
-                self.say(describe_wait(self.cls, msg))
+            if time.monotonic() - self.start >= 1.0:
+                self._show(msg)
         elif ev == "busy":
             self.say(describe_wait(self.cls, msg, busy=True))
             return BUSY
@@ -250,10 +283,10 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
     parts = []
     for h in holders:
         since = now - float(h["since"])
-        until = time.strftime("%H:%M:%S", time.localtime(float(h["expires"])))
+        until = format_until(float(h["expires"]), now)
         devs = ",".join(str(d) for d in h["devices"])
         parts.append(f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
-                     f"user {h['user']}) for {format_duration(since)}, until {until}")  # fmt: skip
+                     f"user {h['user']}) for {format_duration(since)}, {until}")  # fmt: skip
     blocked = note.get("blocked") or []
     assert isinstance(blocked, list)
     for b in blocked:
@@ -270,9 +303,8 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
             continue
         when = ""
         if isinstance(e.get("since"), float) and isinstance(e.get("until"), float):
-            began = time.strftime("%H:%M:%S", time.localtime(e["since"]))
-            ends = time.strftime("%H:%M:%S", time.localtime(e["until"]))
-            when = f", since {began}, until {ends}"
+            when = (f", since {format_when(e['since'], now)}, until "
+                    f"{format_when(e['until'], now)}, {time_left(e['until'], now)}")  # fmt: skip
         label = f" {e['label']!r}" if e.get("label") else ""
         parts.append(f"{cls}:{e['index']} held by user {e.get('user', '?')}'s lease"
                      f"{label} (pid {e.get('pid', '?')}{when}) through another "

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.statedir import StateDir
     from supervisor.cause import Cause
 
+
 def main_run(argv: list[str], prog: str = "hold run", device: str | None = None) -> int:
     """``hold run``; returns the exit status (see the README's table)."""
     usage = usage_for(prog)
@@ -226,6 +227,8 @@ class Run:
         self, client: Client, tree: Mapping[str, object], env: dict[str, str]
     ) -> int | None:
         """Wait in line for the lease; None once granted (env filled in), else an exit status."""
+        from hold.waitline import WaitLine
+
         assert self.spec is not None
         args = self.args
         cls, indices = self.spec
@@ -234,6 +237,7 @@ class Run:
             label=args.label or os.path.basename(args.command[0]),
             ttl=args.time or DEFAULT_TTL, grace=args.grace, wait=not args.no_wait,
             wait_timeout=args.wait_timeout, tree=tree, env=env, private=args.private,
+            live=WaitLine.at_terminal(sys.stderr, self.prog),
         )  # fmt: skip
         if isinstance(got, int):
             return got

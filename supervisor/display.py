@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 import threading
 from collections.abc import Callable
 from typing import TextIO
+
+from supervisor.width import columns, fit, terminal_columns
 
 
 class Display:
@@ -71,14 +72,15 @@ class Display:
             self._drawn = 0
 
     def _draw_locked(self, rows: list[list[str]]) -> None:
-        width = shutil.get_terminal_size((100, 20)).columns
+        # The one rule (supervisor/width.py): the stream's terminal, else COLUMNS or 80.
+        width = columns(self.stream) or terminal_columns()
         head = ["UNIT", "STATE", "PID", "PORT", "WAITED", "LAST OUTPUT"]
         all_rows = [head, *rows]
         widths = [max(len(r[i]) for r in all_rows) for i in range(5)]
         out = []
         for r in all_rows:
             text = "  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5]
-            out.append(text[: max(10, width - 1)])
+            out.append(fit(text, width))
         self.stream.write("\n".join(out) + "\n")
         self.stream.flush()
         self._drawn = len(out)

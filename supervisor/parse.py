@@ -143,6 +143,32 @@ def format_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def format_when(ts: float, now: float | None = None) -> str:
+    """A wall-clock time for people: ``13:37:09`` today, ``Wed 2 Dec 13:37`` on another
+    day (with the year if not this one)."""
+    import time
+
+    t = time.localtime(ts)
+    today = time.localtime(time.time() if now is None else now)
+    if t[:3] == today[:3]:
+        return time.strftime("%H:%M:%S", t)
+    year = "" if t.tm_year == today.tm_year else f" {t.tm_year}"
+    return time.strftime(f"%a {t.tm_mday} %b{year} %H:%M", t)
+
+
+def time_left(ts: float, now: float | None = None) -> str:
+    """``1h12m left`` until ``ts`` (``ending`` once it is past)."""
+    import time
+
+    left = ts - (time.time() if now is None else now)
+    return f"{format_duration(left)} left" if left > 0 else "ending"
+
+
+def format_until(ts: float, now: float | None = None) -> str:
+    """``until 13:37:09 (1h12m left)``: when something ends and how long that is from now."""
+    return f"until {format_when(ts, now)} ({time_left(ts, now)})"
+
+
 def allowed_cpus() -> frozenset[int]:
     """The CPUs this process may run on (its affinity, which includes cpuset limits)."""
     return frozenset(os.sched_getaffinity(0))

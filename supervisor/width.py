@@ -1,0 +1,102 @@
+"""How wide output may be: the one rule for everything printed to a terminal.
+
+At a terminal, a line is fitted to the width (``COLUMNS`` where set, else the
+terminal's own size), one column short of it so that the terminal never
+wraps on its own; piped or redirected, nothing is ever cut. The live
+``hold up`` table, ``hold status``, ``hold audit`` and the live waiting line
+of ``npu-hold`` all follow it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TextIO
+
+FALLBACK = 80  # a terminal that will not say how wide it is
+MIN_WIDTH = 10  # never cut a line shorter than this
+ELLIPSIS = "..."
+
+
+def columns(stream: TextIO | None) -> int | None:
+    """The width of the terminal ``stream`` writes to; None when it is not a terminal."""
+    if stream is None:
+        return None
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    if not os.isatty(fd):
+        return None
+    return terminal_columns(fd)
+
+
+def terminal_columns(fd: int | None = None) -> int:
+    """``COLUMNS`` if it is a positive number, else the size of the terminal at ``fd``."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isascii() and env.isdigit() and int(env) > 0:
+        return int(env)
+    if fd is not None:
+        try:
+            return os.get_terminal_size(fd).columns or FALLBACK
+        except OSError:
+            pass
+    return FALLBACK
+
+
+def room(width: int) -> int:
+    """How many characters a line may have at a terminal ``width`` columns wide."""
+    return max(MIN_WIDTH, width - 1)
+
+
+def fit(text: str, width: int | None) -> str:
+    """``text`` cut to fit a terminal ``width`` wide; as it is when ``width`` is None."""
+    if width is None:
+        return text
+    return text[: room(width)]
+
+
+def cut(text: str, size: int) -> str:
+    """``text`` in at most ``size`` characters, ending in ``...`` where it was cut."""
+    if len(text) <= size:
+        return text
+    if size <= len(ELLIPSIS):
+        return text[:size]
+    return text[: size - len(ELLIPSIS)] + ELLIPSIS
+
+
+def table(
+    head: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int | None,
+    *,
+    flex: Sequence[int] = (),
+    gap: str = "  ",
+) -> list[str]:
+    """Aligned lines (the header first) fitted to ``width``.
+
+    The columns in ``flex`` (the long free text: a label, a command, a
+    reason) give way first, the widest first; if even that is not enough the
+    lines are cut. With ``width`` None (not a terminal) nothing is cut.
+    """
+    all_rows = [list(head), *(list(r) for r in rows)]
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(head))]
+    if width is not None:
+        _shrink(widths, flex, room(width) - len(gap) * (len(head) - 1), [len(h) for h in head])
+    out = []
+    for r in all_rows:
+        cells = [cut(c, w).ljust(w) for c, w in zip(r, widths, strict=True)]
+        out.append(fit(gap.join(cells).rstrip(), width))
+    return out
+
+
+def _shrink(widths: list[int], flex: Sequence[int], total: int, least: list[int]) -> None:
+    """Narrow the ``flex`` columns (widest first, none below its header) until all fit ``total``."""
+    over = sum(widths) - total
+    while over > 0:
+        cands = [i for i in flex if widths[i] > max(least[i], len(ELLIPSIS) + 1)]
+        if not cands:
+            return
+        i = max(cands, key=lambda c: widths[c])
+        widths[i] -= 1
+        over -= 1
