@@ -1,0 +1,55 @@
+"""A lease ended by ``hold release``: the holder exits 6 (documented), whatever its
+command made of the polite signal -- a command that exits 0 on SIGTERM must not
+make a cut-short run look done.
+
+Real holders (``npu-hold``) under the test's own daemon (conftest).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HOLD, alive, wait_for
+
+from hold.lease import RELEASED
+from hold.tokens import read_record
+
+BIN = Path(sys.executable).parent
+NPU_HOLD = str(BIN / "npu-hold")
+
+# Writes its pid, then loops until a signal; with "trap", SIGTERM makes it exit 0.
+COMMANDS = {
+    "killed by TERM": 'echo $$ > "$1"; while :; do sleep 0.05; done',
+    "exits 0 on TERM": 'trap "exit 0" TERM; echo $$ > "$1"; while :; do sleep 0.05; done',
+}
+
+
+@pytest.mark.parametrize("how", list(COMMANDS))
+def test_released_lease_exits_6(tmp_path: Path, how: str) -> None:
+    pidfile = tmp_path / "pid"
+    with open(tmp_path / "H.stderr", "w") as err:
+        h = subprocess.Popen(
+            [NPU_HOLD, "-l", "job", "--grace", "5s", "--", "sh", "-c", COMMANDS[how], "sh",
+             str(pidfile)],
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+        )  # fmt: skip
+    try:
+        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20,
+                           what="the command's pid"))  # fmt: skip
+        token = os.path.join(os.environ["HOLD_STATE_DIR"], "npu-0.token")
+        lease = wait_for(lambda: (r := read_record(token)) and r["lease"], 20, what="the token")
+        res = subprocess.run([*HOLD, "release", lease], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert h.wait(30) == RELEASED == 6
+    finally:
+        if h.poll() is None:
+            h.kill()
+            h.wait()
+    said = (tmp_path / "H.stderr").read_text()
+    assert "npu-hold: lease released by root" in said, said
+    assert not alive(pid)
