@@ -1,0 +1,92 @@
+"""What every part of the daemon shares: the configuration's device classes,
+the sessions and their connections, the ledger, the log and the records, the
+kernel locks, and the wakeup of the event loop.
+
+The parts (:mod:`hold.grants`, :mod:`hold.sessions`, :mod:`hold.ops`) each
+own their own tables and read these; only the event loop (:mod:`hold.daemon`)
+and a reload change the configuration here.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+from typing import Any
+
+from hold import devlock, ledger, occupancy
+from hold.config import fingerprint
+from hold.conn import Conn
+from hold.devices import DeviceClass
+from hold.ledger import SessionRec
+from hold.records import Log, Records
+from hold.statedir import StateDir
+from supervisor.cgroup import v2_mount
+from supervisor.exitcodes import USAGE
+from supervisor.identity import user_name
+
+
+class DaemonState:
+    def __init__(self, sd: StateDir, classes: dict[str, DeviceClass], *, shared: bool,
+                 home_tokens: bool, grant_busy: str, idle_exit: float | None, system: bool,
+                 config_path: str | None) -> None:  # fmt: skip
+        self.sd = sd
+        self.config_path = config_path
+        self.config_digest = fingerprint(config_path)
+        self.system = system
+        self.shared = shared or system
+        # An autostarted daemon leaves after this long with nothing to do (no
+        # client, session, queue or stop); one run by systemd stays.
+        self.idle_exit = idle_exit
+        self.classes: dict[str, DeviceClass] = {}
+        self.keys: dict[str, list[str]] = {}
+        self.sizes: dict[str, int] = {}
+        self.scanned: dict[str, bool] = {}
+        self.set_classes(classes, {name: c.device_keys() for name, c in classes.items()})
+        self.grant_busy = grant_busy  # "wait" (the default) or "warn": see hold.occupancy
+        self.locks = devlock.Locks(devlock.lock_dir(), self.wake)
+        self.records = Records(sd, home_tokens, self.log_for)
+        self.sel = selectors.DefaultSelector()
+        self.sessions: dict[str, SessionRec] = {}
+        self.attached: dict[str, Conn] = {}  # session id -> its connection
+        self.log: Log | None = None
+        self.cg_mount = v2_mount()
+        self.stopping = False
+        self.wake_w = -1  # the wakeup pipe's write end, once the daemon serves
+
+    def set_classes(self, classes: dict[str, DeviceClass], keys: dict[str, list[str]]) -> None:
+        # A device is its machine-wide identity (the node's device number):
+        # the name of its kernel lock, shared with every other arbiter here.
+        self.classes, self.keys = classes, keys
+        self.sizes = {name: len(k) for name, k in keys.items()}
+        self.scanned = {name: occupancy.has_nodes(c) for name, c in classes.items()}
+
+    def wake(self, why: bytes = b"w") -> None:
+        """(Any thread) make the loop look at what a worker left for it."""
+        os.write(self.wake_w, why)
+
+    def save(self) -> None:
+        ledger.save(self.sd.state, list(self.sessions.values()))
+
+    def log_for(self, event: str, s: SessionRec, **kw: Any) -> None:
+        if self.log is not None:
+            lease = s.lease.lease_id if s.lease else None
+            self.log.info(event, session=s.session_id, lease=lease, pid=s.owner_pid,
+                          user=s.user, **kw)  # fmt: skip
+
+    def arbiter(self) -> dict[str, Any]:
+        """Which arbiter this is: the machine's system daemon, or one user's own."""
+        return {"kind": "system" if self.system else "per-user", "state_dir": self.sd.path,
+                "pid": os.getpid(), "user": user_name(os.geteuid()),
+                "config": self.config_path, "config_digest": self.config_digest,
+                "autostarted": self.idle_exit is not None}  # fmt: skip
+
+
+def label_for(s: SessionRec, viewer: int) -> str | None:
+    """A lease's label as ``viewer`` (a uid) may see it: if private, only its owner and root."""
+    assert s.lease is not None
+    return s.lease.label if viewer in (0, s.uid) or not s.lease.private else None
+
+
+def refuse(conn: Conn, why: str, code: int = USAGE) -> None:
+    """Answer a request with an error (USAGE: the request itself was wrong)."""
+    conn.send({"ev": "error", "code": code, "error": why})
