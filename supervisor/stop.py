@@ -22,7 +22,7 @@ member that moved itself out of the leaf (root can) is found and stopped.
 And a walk can miss a process that forks and exits while it reads /proc, so
 "nobody" is never the answer of one look: the tree counts as empty only when
 two consecutive looks found nobody, and the survivor check answers only when
-two consecutive looks agree (at most ``_LOOKS`` looks; if they never agree,
+two consecutive looks agree (at most ``LOOKS`` looks; if they never agree,
 the last one that found anyone is the answer -- seen and then not seen is
 not proven gone).
 
@@ -36,7 +36,9 @@ and it does not make the stop fail. Deciding that a holder of a *device*
 must go (it used a leased device without a ticket) is the ticket daemon's
 business, not this module's: see ``hold.occupancy.stop_leftovers``.
 
-"Stopped" means the survivor check found no member alive.
+"Stopped" means the survivor check found no member alive. The check itself
+and the report (:class:`StopReport`, :class:`Survivor`, :class:`Holder`) are
+:mod:`supervisor.survivors`.
 """
 
 from __future__ import annotations
@@ -46,116 +48,29 @@ import select
 import signal
 import time
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from supervisor import procscan
-from supervisor.identity import (
-    AccessDenied,
-    Handle,
-    NoSuchProcess,
-    ProcessId,
-    Stat,
-    read_cmdline,
-    user_name,
+from supervisor.identity import AccessDenied, Handle, NoSuchProcess, ProcessId, Stat
+from supervisor.survivors import (
+    Holder,
+    Look,
+    Nodes,
+    Ports,
+    StopReport,
+    Survivor,
+    SurvivorCheck,
+    check_survivors,
+    command_of,
+    look_again,
 )
 from supervisor.tree import Member, Tree
 
 _KILL_WAIT = 2.0  # seconds to wait for SIGKILLed processes to disappear
 _WALK_ROUNDS = 50  # freeze-and-walk gives up looking for new members after this
-_LOOKS = 6  # the most looks the survivor check takes to get two that agree
 
-
-class Survivor(NamedTuple):
-    pid: int
-    command: str
-    found_by: str
-
-
-class Holder(NamedTuple):
-    """A process outside the tree that holds what the tree held: reported, never signalled.
-
-    ``holds`` says what (``holds PATH``, ``listens on tcp/PORT``). ``pid`` is
-    None for a port still listening whose owner this process may not inspect
-    (``uid`` None and ``user``/``command`` ``"?"`` then).
-    """
-
-    pid: int | None
-    uid: int | None
-    user: str
-    holds: str
-    command: str
-
-
-class StopReport:
-    """What a stop did and what it proved.
-
-    ``outcome``: ``"empty"`` (nothing was running), ``"exited"`` (all left
-    within the grace after the polite signal), ``"killed"`` (the grace ran out
-    and the rest was killed). ``survivors`` lists the members the final check
-    still found; the stop succeeded only when it is empty. ``holders_after``
-    lists processes that are not members but, at the final check, hold one
-    of the tree's files or nodes or listen on one of its ports: they are
-    someone else's as far as can be proved, so they were not signalled and
-    do not make the stop fail (a caller may still want to say so).
-    """
-
-    __slots__ = (
-        "duration",
-        "escalated",
-        "grace_used",
-        "held",
-        "holders_after",
-        "killed",
-        "method",
-        "outcome",
-        "signal",
-        "stopped",
-        "survivors",
-        "tree_id",
-    )
-
-    def __init__(self, tree_id: str, signal: str, method: str) -> None:
-        self.tree_id = tree_id
-        self.signal = signal
-        self.method = method  # "cgroup" or "walk"
-        self.outcome = "empty"
-        self.stopped: list[Member] = []
-        self.killed: list[Member] = []
-        self.survivors: list[Survivor] = []
-        self.escalated: list[Survivor] = []  # killed by the survivor check's second round
-        self.grace_used = 0.0
-        self.duration = 0.0
-        self.held: list[str] = []  # nodes and ports checked afterwards
-        self.holders_after: list[Holder] = []  # not members: reported, never signalled
-
-    @property
-    def ok(self) -> bool:
-        return not self.survivors
-
-    def summary(self) -> str:
-        head = (
-            f"tree {self.tree_id}: {self.outcome} via {self.method} "
-            f"({len(self.stopped)} stopped, {len(self.killed)} killed after "
-            f"{self.grace_used:.3f}s of {self.signal}; {self.duration * 1000:.1f} ms in all)"
-        )
-        if self.escalated:
-            head += f"; {len(self.escalated)} more killed by the survivor check: " + ", ".join(
-                f"{s.pid} ({s.found_by})" for s in self.escalated
-            )
-        if not self.survivors:
-            lines = [head + "; survivor check empty"]
-        else:
-            lines = [head + f"; {len(self.survivors)} SURVIVED:"]
-            lines += [f"  pid {s.pid} ({s.found_by}): {s.command}" for s in self.survivors]
-        if self.holders_after:
-            lines.append(
-                f"  {len(self.holders_after)} process(es) outside the tree hold what it held"
-                " (not members: reported, not signalled):"
-            )
-            for h in self.holders_after:
-                pid = "?" if h.pid is None else h.pid
-                lines.append(f"  pid {pid} (user {h.user}) {h.holds}: {h.command}")
-        return "\n".join(lines)
+# The default survivor check, looked up here at each stop: bench/run.py wraps
+# it under this name (as it does _wait_tree_empty) to time the phase.
+_survivors: SurvivorCheck = check_survivors
 
 
 def _signal(ident: ProcessId, *sigs: int) -> bool:
@@ -210,25 +125,10 @@ def _wait_tree_empty(tree: Tree, timeout: float) -> Look:
         _wait_gone((m.ident for m in members.values()), left)
 
 
-# One look: the processes read, and the members among them.
-Look = tuple[dict[int, Stat], dict[int, Member]]
-
-
 def _look(tree: Tree) -> Look:
     """The members now; "none" only when two looks in a row found none."""
     look = tree.look()
-    return look if look[1] else _again(tree, look)
-
-
-def _again(tree: Tree, look: Look) -> Look:
-    """The look after ``look``. With a leaf (and no uid limit), where the leaf
-    says who is inside and the walk only looks for escapees, one that found
-    nobody is confirmed by reading what is new since (see :meth:`Tree.look`):
-    a stop of such a tree costs one read of every process, not two. Without,
-    the walk is the tree, and every look reads everything again."""
-    if tree.contained and not look[1]:
-        return tree.look(after=look[0])
-    return tree.look()
+    return look if look[1] else look_again(tree, look)
 
 
 def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
@@ -308,6 +208,7 @@ def stop_tree(
     sig: int = signal.SIGTERM,
     grace: float = 10.0,
     watch: Iterable[procscan.Node] = (),
+    survivors: SurvivorCheck | None = None,
 ) -> StopReport:
     """Stop every process of ``tree`` and check that nothing survived.
 
@@ -317,6 +218,10 @@ def stop_tree(
     survivor (found by membership anyway); anyone else started after the
     tree who holds one is listed in ``holders_after`` and left alone, as for
     every other file and port (see the module's docstring).
+
+    ``survivors``: the survivor check to run (default
+    :func:`~supervisor.survivors.check_survivors`). A caller may wrap the
+    default, e.g. a test that starts a process just before the check.
     """
     t0 = time.monotonic()
     report = StopReport(
@@ -330,24 +235,7 @@ def stop_tree(
     report.stopped = list(members.values())
 
     # 1. What they hold, so the survivor check can ask who still holds it.
-    nodes: dict[tuple[int, int], procscan.Node] = {n.key: n for n in watch}
-    sockets: set[int] = set()
-    for pid in members:
-        # 0-2 are what we gave the root (a terminal, our pipes, a log), and
-        # what its descendants inherited from it: a log file that unrelated
-        # processes also write to (two commands appending to one build log)
-        # is not the tree's, and must not make them "holders" in the report.
-        # Descriptors only, not mappings: reading every member's maps is most
-        # of a large tree's stop, and a device kept only as a mapping is what
-        # ``watch`` (the nodes a tree was given) and the daemon's device scan
-        # at the end of a lease are for.
-        h = procscan.holdings(pid, skip_fds=(0, 1, 2), with_maps=False)
-        nodes.update(h.nodes)
-        sockets |= h.sockets
-    ports: set[tuple[str, int]] = set()
-    if sockets:
-        listening = procscan.listeners()
-        ports = {(listening[i].proto, listening[i].port) for i in sockets if i in listening}
+    nodes, ports = _held(members, watch)
     report.held = [n.path for n in nodes.values()] + [f"{p}/{n}" for p, n in sorted(ports)]
 
     # 2. Polite signal to every member, and wait for them. Not only to the
@@ -365,143 +253,100 @@ def stop_tree(
     # 3. Kill what is left.
     if members:
         report.outcome = "killed"
-        if tree.leaf is not None and tree.uid is None:
-            # (With a uid limit, cgroup.kill could reach a process the user
-            # could not have signalled: such trees are frozen and walked.)
-            tree.leaf.kill()
-            # Members outside the leaf (found by marker, session or descent:
-            # started before the leaf existed, or moved out of it) are frozen
-            # and walked for, as without a leaf, then killed one by one.
-            outside = {m.ident: m for m in members.values() if "cgroup" not in m.found_by}
-            if outside:
-                for m in _freeze_and_walk(tree).values():
-                    if "cgroup" not in m.found_by:
-                        outside[m.ident] = m
-            refused = {i for i in outside if not _signal(i, signal.SIGKILL)}
-            tree.leaf.wait_empty(_KILL_WAIT)
-            _wait_gone(outside, _KILL_WAIT)
-            killed = {m.ident: m for m in members.values()} | outside
-            report.killed = [m for i, m in killed.items() if i not in refused]
-        else:
-            frozen = _freeze_and_walk(tree)
-            report.killed = [m for m in frozen.values() if _signal(m.ident, signal.SIGKILL)]
-            _wait_gone((m.ident for m in frozen.values()), _KILL_WAIT)
+        report.killed = _kill(tree, members)
 
-    # 4. Survivor check, escalated once, and only ever at members. What the
-    # escalation killed is in the report too ("escalated"): the tree did not
-    # stop as it should have.
-    survivors, report.holders_after = _survivors(tree, nodes, ports, settled)
-    if survivors:
-        if tree.leaf is not None and tree.uid is None:
-            tree.leaf.kill()
-        # Frozen first: a survivor may be a fork loop that a kill aimed at
-        # the pids just seen would miss.
-        for m in _freeze_and_walk(tree).values():
-            survivors.setdefault(m.ident, "+".join(m.found_by))
-        for ident, why in survivors.items():
-            if _signal(ident, signal.SIGKILL):
-                report.escalated.append(Survivor(ident.pid, _cmdline(ident.pid), why))
-        _wait_gone(survivors, _KILL_WAIT)
-        # The last look is the one reported (holders too: one may have closed
-        # the file meanwhile, or a killed member's file is now someone else's).
-        survivors, report.holders_after = _survivors(tree, nodes, ports)
-    report.survivors = [Survivor(i.pid, _cmdline(i.pid), why) for i, why in survivors.items()]
+    # 4. Survivor check, escalated once, and only ever at members.
+    check = survivors if survivors is not None else _survivors
+    _check(tree, nodes, ports, settled, report, check)
     if tree.adopts_orphans:
         reap_adopted(tree.owned)
     report.duration = time.monotonic() - t0
     return report
 
 
-def _survivors(
-    tree: Tree,
-    nodes: dict[tuple[int, int], procscan.Node],
-    ports: set[tuple[str, int]],
-    settled: Look | None = None,
-) -> tuple[dict[ProcessId, str], list[Holder]]:
-    """(members still alive -> how found, non-members holding what the tree held).
-
-    Only members are ever signalled (by the caller). A non-member is listed
-    as a holder when it started at or after the tree's root (an older
-    process that holds the same file was plainly somebody else's all along)
-    and holds one of ``nodes`` or listens on one of ``ports``.
-
-    Members: looked for until two consecutive looks agree (see the module's
-    docstring), so that "none" means none; or ``settled``, the last of two
-    looks that found none, when nothing was signalled after them.
-    """
-    if settled is not None:
-        procs, found = settled
-    else:
-        procs, found = tree.look()
-        last_seen = found
-        for _ in range(_LOOKS - 1):
-            procs, again = _again(tree, (procs, found))
-            if again:
-                last_seen = again
-            if {m.ident for m in again.values()} == {m.ident for m in found.values()}:
-                break
-            found = again
-        else:
-            found = last_seen  # never settled: not proven gone
-    out: dict[ProcessId, str] = {m.ident: "+".join(m.found_by) for m in found.values()}
-    holders: list[Holder] = []
-    protected = tree.protected(procs)
-    younger = [
-        st.pid
-        for st in procs.values()
-        if st.starttime >= tree.since
-        and not st.is_dead
-        and st.pid not in protected
-        and st.pid not in found
-    ]
-    for pid, node in sorted(procscan.holders_of(set(nodes), younger).items()):
-        holders.append(_holder(pid, f"holds {node.path}"))
-    if ports:
+def _held(members: dict[int, Member], watch: Iterable[procscan.Node]) -> tuple[Nodes, Ports]:
+    """The nodes (``watch`` and what members hold) and the ports they listen on."""
+    nodes: Nodes = {n.key: n for n in watch}
+    sockets: set[int] = set()
+    for pid in members:
+        # 0-2 are what we gave the root (a terminal, our pipes, a log), and
+        # what its descendants inherited from it: a log file that unrelated
+        # processes also write to (two commands appending to one build log)
+        # is not the tree's, and must not make them "holders" in the report.
+        # Descriptors only, not mappings: reading every member's maps is most
+        # of a large tree's stop, and a device kept only as a mapping is what
+        # ``watch`` (the nodes a tree was given) and the daemon's device scan
+        # at the end of a lease are for.
+        h = procscan.holdings(pid, skip_fds=(0, 1, 2), with_maps=False)
+        nodes.update(h.nodes)
+        sockets |= h.sockets
+    ports: Ports = set()
+    if sockets:
         listening = procscan.listeners()
-        still = {i: ln for i, ln in listening.items() if (ln.proto, ln.port) in ports}
-        if still:
-            owners = procscan.socket_owners(set(still), younger)
-            for inode, pid in sorted(owners.items(), key=lambda kv: kv[1]):
-                ln = still[inode]
-                holders.append(_holder(pid, f"listens on {ln.proto}/{ln.port}"))
-            # Who owns the rest? Members (already survivors), ourselves, an
-            # older process -- or nobody this process may inspect (another
-            # user's, seen by a caller without the right to read its
-            # descriptors). Only the last kind is listed, without a pid. It is
-            # not a failure either: a member is found by membership, which
-            # needs no look at descriptors, so an owner we cannot see is
-            # someone else's as far as can be proved -- and an unrelated user
-            # binding a port the tree let go of must not turn our stop into a
-            # failure. The port is named, since it is not free.
-            rest = set(still) - set(owners)
-            if rest:
-                rest -= set(procscan.socket_owners(rest, list(procs)))
-            for inode in sorted(rest):
-                ln = still[inode]
-                holders.append(
-                    Holder(None, None, "?", f"{ln.proto}/{ln.port} still listening", "?")
-                )
-    return out, holders
+        ports = {(listening[i].proto, listening[i].port) for i in sockets if i in listening}
+    return nodes, ports
 
 
-def _holder(pid: int, holds: str) -> Holder:
-    uid = _real_uid(pid)
-    return Holder(pid, uid, "?" if uid is None else user_name(uid), holds, _cmdline(pid))
+def _kill(tree: Tree, members: dict[int, Member]) -> list[Member]:
+    """Kill the members left after the grace; those killed."""
+    if tree.leaf is None or tree.uid is not None:
+        # (With a uid limit, cgroup.kill could reach a process the user
+        # could not have signalled: such trees are frozen and walked.)
+        frozen = _freeze_and_walk(tree)
+        dead = [m for m in frozen.values() if _signal(m.ident, signal.SIGKILL)]
+        _wait_gone((m.ident for m in frozen.values()), _KILL_WAIT)
+        return dead
+    tree.leaf.kill()
+    # Members outside the leaf (found by marker, session or descent: started
+    # before the leaf existed, or moved out of it) are frozen and walked for,
+    # as without a leaf, then killed one by one.
+    outside = {m.ident: m for m in members.values() if "cgroup" not in m.found_by}
+    if outside:
+        for m in _freeze_and_walk(tree).values():
+            if "cgroup" not in m.found_by:
+                outside[m.ident] = m
+    refused = {i for i in outside if not _signal(i, signal.SIGKILL)}
+    tree.leaf.wait_empty(_KILL_WAIT)
+    _wait_gone(outside, _KILL_WAIT)
+    killed = {m.ident: m for m in members.values()} | outside
+    return [m for i, m in killed.items() if i not in refused]
 
 
-def _real_uid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+def _check(
+    tree: Tree,
+    nodes: Nodes,
+    ports: Ports,
+    settled: Look | None,
+    report: StopReport,
+    check: SurvivorCheck,
+) -> None:
+    """The survivor check, escalated once at the members it finds. What the
+    escalation killed is in the report too (``escalated``): the tree did not
+    stop as it should have."""
+    found, report.holders_after = check(tree, nodes, ports, settled)
+    if found:
+        if tree.leaf is not None and tree.uid is None:
+            tree.leaf.kill()
+        # Frozen first: a survivor may be a fork loop that a kill aimed at
+        # the pids just seen would miss.
+        for m in _freeze_and_walk(tree).values():
+            found.setdefault(m.ident, "+".join(m.found_by))
+        for ident, why in found.items():
+            if _signal(ident, signal.SIGKILL):
+                report.escalated.append(Survivor(ident.pid, command_of(ident.pid), why))
+        _wait_gone(found, _KILL_WAIT)
+        # The last look is the one reported (holders too: one may have closed
+        # the file meanwhile, or a killed member's file is now someone else's).
+        found, report.holders_after = check(tree, nodes, ports, None)
+    report.survivors = [Survivor(i.pid, command_of(i.pid), why) for i, why in found.items()]
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return read_cmdline(pid)
-    except (NoSuchProcess, AccessDenied):
-        return "?"
+__all__ = [
+    "Holder",
+    "StopReport",
+    "Survivor",
+    "SurvivorCheck",
+    "check_survivors",
+    "reap_adopted",
+    "stop_tree",
+]

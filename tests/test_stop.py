@@ -33,6 +33,7 @@ from supervisor.environ import minimal_env
 from supervisor.identity import NoSuchProcess, ProcessId, read_stat
 from supervisor.spawn import Child, owned_pids, spawn
 from supervisor.stop import StopReport, stop_tree
+from supervisor.survivors import Holder, Look, Nodes, Ports, SurvivorCheck, check_survivors
 from supervisor.tree import Tree
 
 
@@ -112,10 +113,12 @@ class Started:
     def port(self) -> int:
         return int(self.port_file.read_text())
 
-    def stop(self, grace: float, sig: int = signal.SIGTERM) -> StopReport:
+    def stop(
+        self, grace: float, sig: int = signal.SIGTERM, survivors: SurvivorCheck | None = None
+    ) -> StopReport:
         # Children spawned since the Tree was built are not the tree's orphans.
         self.tree.owned = owned_pids()
-        return stop_tree(self.tree, sig=sig, grace=grace)
+        return stop_tree(self.tree, sig=sig, grace=grace, survivors=survivors)
 
     def cleanup(self) -> None:
         """Whatever the test did: leave nothing, and no leaf, behind.
@@ -532,7 +535,7 @@ def test_another_users_process_on_the_trees_file_and_port_is_left_alone(
 
 
 def test_a_member_found_only_by_the_survivor_check_is_still_killed(
-    start: Callable[..., Started], cgroup_mode: str, monkeypatch: pytest.MonkeyPatch
+    start: Callable[..., Started], cgroup_mode: str
 ) -> None:
     """A member that appears between the kill and the survivor check (here:
     started just before the check runs, holding the tree's file) is escalated
@@ -541,13 +544,15 @@ def test_a_member_found_only_by_the_survivor_check_is_still_killed(
     at the same moment is not."""
     s = start("nasty_tree.py", "--forkers", "1")
     ids = s.wait_ready({"main": 1, "child": 1, "forker": 1, "escapee": 1})
-    import supervisor.stop as stop_mod
 
     late: list[Child] = []
-    real = stop_mod._survivors
     hold_it = ["sh", "-c", 'exec 7<"$0"; echo holding; exec sleep 30', str(s.device)]
 
-    def before_the_check(*args: object, **kwargs: object) -> object:
+    def before_the_check(
+        tree: Tree, nodes: Nodes, ports: Ports, settled: Look | None
+    ) -> tuple[dict[ProcessId, str], list[Holder]]:
+        # Through stop_tree's public seam (``survivors=``): the default check,
+        # with two processes started just before its first look.
         if not late:
             # A member (marked; in the leaf if there is one) and a bystander.
             env = minimal_env(os.environ, tree_id=s.tree_id)
@@ -555,11 +560,10 @@ def test_a_member_found_only_by_the_survivor_check_is_still_killed(
             env = minimal_env(os.environ, tree_id="unrelated-" + s.tree_id)
             late.append(_spawn_until(hold_it, env, "the bystander"))
             s.tree.owned = owned_pids()  # neither is an orphan of the tree
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        return check_survivors(tree, nodes, ports, settled)
 
-    monkeypatch.setattr(stop_mod, "_survivors", before_the_check)
     try:
-        report = s.stop(grace=0.3)
+        report = s.stop(grace=0.3, survivors=before_the_check)
         assert len(late) == 2
         member, bystander = late
         assert member.pid not in {m.pid for m in report.stopped}  # not seen before the check
