@@ -23,7 +23,6 @@ from hold.statedir import StateDir
 from supervisor import procscan
 from supervisor.cgroup import cgroup_dir, v2_mount, within
 from supervisor.identity import Stat, user_name
-from supervisor.parse import format_duration
 from supervisor.safefile import UnsafePath, open_for_read
 
 # ---------------------------------------------------------------- attribution
@@ -174,7 +173,13 @@ def _cgroup_dir(pid: int) -> str | None:
 
 
 def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None) -> dict[str, Any]:
-    """Scan and attribute; the ``--json`` document (schema version 1)."""
+    """Scan and attribute; the ``--json`` document (schema version 1).
+
+    One row per process and device, as ``nvidia-smi`` shows it: a process's
+    shared nodes of a class (``/dev/nvidiactl``) go with its device rows
+    (``shared_nodes``); only a process that holds no device node of its own
+    gets a row for the class's shared nodes (``index`` None).
+    """
     tgts = targets(classes, only)
     result = scan(tgts)
     procs = procscan.snapshot()
@@ -182,18 +187,19 @@ def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None
     ended = ended_leases(sd)
     mem = device_memory(result.holders)
     rows = []
-    for h in sorted(result.holders, key=lambda h: (h.cls, -1 if h.unit is None else h.unit,
-                                                   h.pid)):  # fmt: skip
+    for h, shared in sorted(one_row_per_device(result.holders),
+                            key=lambda r: (r[0].cls, -1 if r[0].unit is None else r[0].unit,
+                                           r[0].pid)):  # fmt: skip
         if classes[h.cls].allows(h.pid, h.uid):
             v = Verdict(True, None, None, "an allowed holder of the class (configuration)")
         else:
             v = attribute(h, leases, procs, ended)
-        user = user_name(h.uid)
         d = details(h.pid)
         rows.append({
             "device": h.cls if h.unit is None else f"{h.cls}:{h.unit}",
             "cls": h.cls, "index": h.unit, "node": h.node, "how": h.how,
-            "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": user,
+            "shared_nodes": shared,
+            "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": user_name(h.uid),
             "command": d.command,
             "age_s": None if d.age_s is None else round(d.age_s, 1),
             "rss_bytes": d.rss_bytes,
@@ -211,41 +217,22 @@ def build_report(sd: StateDir, classes: dict[str, DeviceClass], only: str | None
     }
 
 
-def render_table(doc: dict[str, Any]) -> str:
-    cols = ("DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE", "COMMAND")
-    lines = []
-    rows = []
-    for r in doc["holders"]:
-        if not r["covered"]:
-            lease = f"STRAY: {r['why']}"
-        else:
-            lease = f"{r['lease']} {r['label']!r}" if r["lease"] else "allowed (configuration)"
-        rows.append((r["device"], str(r["pid"]), r["user"], format_duration(r["age_s"]),
-                     _size(r["rss_bytes"]), _size(r["device_memory_bytes"]), lease,
-                     r["command"][:60]))  # fmt: skip
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c)
-              for i, c in enumerate(cols)]  # fmt: skip
-    lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
-    for row in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-    tail = f"{len(rows)} holder(s), {doc['stray']} stray; {doc['processes']} processes scanned"
-    if doc["not_inspected"]:
-        tail += f"; not inspected: {doc['not_inspected']} (permission)"
-    lines.append(tail)
-    return "\n".join(lines)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n}B"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
-        if size < 1024 or unit == "GiB":
-            break
-    return f"{size:.1f}{unit}"
+def one_row_per_device(holders: list[Holder]) -> list[tuple[Holder, list[str]]]:
+    """Each device a process holds, with the shared nodes of its class it holds too;
+    a process's shared nodes alone (the first of them) where it holds no device."""
+    own: dict[tuple[int, str], list[Holder]] = {}
+    shared: dict[tuple[int, str], list[Holder]] = {}
+    for h in holders:
+        (own if h.unit is not None else shared).setdefault((h.pid, h.cls), []).append(h)
+    out: list[tuple[Holder, list[str]]] = []
+    for key, hs in own.items():
+        nodes = sorted(x.node for x in shared.get(key, []))
+        out += [(h, nodes) for h in hs]
+    for key, hs in shared.items():
+        if key not in own:
+            hs.sort(key=lambda x: x.node)
+            out.append((hs[0], [x.node for x in hs]))
+    return out
 
 
 # ------------------------------------------------------------------- --kill

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -197,41 +195,9 @@ def status_cmd(as_json: bool) -> None:
     where its owner did not make it private. Devices leased through another
     arbiter (another user's own daemon) are shown from their kernel lock's record.
     """
-    ans = _client().request({"op": "status"})
-    if as_json:
-        doc = {"version": 1, "arbiter": ans.get("arbiter"), "classes": ans["classes"]}
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
-        return
-    arb = ans.get("arbiter") or {}
-    kind = (
-        "system daemon" if arb.get("kind") == "system" else f"per-user daemon of {arb.get('user')}"
-    )
-    click.echo(f"arbiter: {kind} (pid {arb.get('pid')}, {arb.get('state_dir')})")
-    now = time.time()
-    for cls, info in sorted(ans["classes"].items()):
-        for dev in info["devices"]:
-            h = dev["holder"]
-            name = f"{cls}:{dev['index']}"
-            if h is None:
-                click.echo(f"{name:<8} free")
-                continue
-            label = repr(h["label"]) if h.get("label") is not None else "(private)"
-            state = "active" if h["state"] == "elsewhere" else h["state"]
-            where = " via another daemon" if h["state"] == "elsewhere" else ""
-            line = f"{name:<8} {state:<7} lease {h['lease']}  {label}  user {h['user']}"
-            line += f"  pid {h['pid']}"
-            if isinstance(h.get("since"), (int, float)) and isinstance(
-                h.get("expires"), (int, float)
-            ):
-                since = time.strftime("%H:%M:%S", time.localtime(h["since"]))
-                until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["expires"]))
-                line += f"  since {since} ({int(now - h['since'])}s)  until {until}"
-            click.echo(line + where)
-        for n, w in enumerate(info["queue"], 1):
-            what = ",".join(map(str, w["indices"])) if w["indices"] else f"{w['count']} device(s)"
-            label = repr(w["label"]) if w.get("label") is not None else "(private)"
-            click.echo(f"{'':<8} queue {n}: {label} pid {w['pid']} user {w['user']} "
-                       f"wants {what}")  # fmt: skip
+    from hold.statuscmd import main_status
+
+    main_status(_client().request({"op": "status"}), as_json)
 
 
 @cli.command("check")
@@ -286,7 +252,7 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
     Exit 0 when every holder is covered, 1 when any is stray, 3 when --kill
     left survivors.
     """
-    from hold.audit import build_report, kill_strays, render_table
+    from hold.auditcmd import main_audit
     from supervisor.parse import parse_duration
 
     _cfg, classes = _classes()
@@ -298,30 +264,7 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
         grace_s = parse_duration(grace, what="--grace", plain_unit="seconds", allow_zero=True)
     except BadValue as e:
         _fail(str(e))
-    sd = _state_dir()
-    doc = build_report(sd, classes, cls)
-    strays = [r for r in doc["holders"] if not r["covered"]]
-    if kill and strays:
-        if not yes:
-            if not sys.stdin.isatty():
-                _fail("--kill without --yes needs a terminal to ask at")
-            click.echo(render_table(doc))
-            if not click.confirm(f"Stop the trees of {len(strays)} stray holder(s)?"):
-                raise SystemExit(NO)
-        doc["killed"] = kill_strays(doc, sd, grace_s)
-    if as_json:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
-    else:
-        if not (kill and strays and not yes):
-            click.echo(render_table(doc))
-        for k in doc.get("killed", []):
-            state = "stopped" if k.get("stopped") else "NOT stopped"
-            click.echo(f"pid {k['pid']}: {state} {k.get('why') or k.get('outcome', '')}")
-            for s in k.get("survivors", []):
-                click.echo(f"  survivor pid {s['pid']} ({s['found_by']}): {s['command']}")
-    if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
-        raise SystemExit(SURVIVORS)
-    raise SystemExit(NO if strays else 0)
+    raise SystemExit(main_audit(_state_dir(), classes, cls, as_json, kill, yes, grace_s))
 
 
 # ---------------------------------------------------------------------- stacks (hold.stackcmd)

@@ -42,6 +42,7 @@ ROW_TYPES: dict[str, tuple[type, ...]] = {
     "index": (int, type(None)),
     "node": (str,),
     "how": (str,),
+    "shared_nodes": (list,),  # the class's shared nodes it holds too (one row per device)
     "pid": (int,),
     "starttime": (int,),
     "uid": (int,),
