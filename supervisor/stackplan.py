@@ -1,0 +1,323 @@
+"""Preparing a stack, and letting go of what preparing took.
+
+Everything that may refuse comes before anything starts (:func:`prepare`): the
+stack's lock (one run per name), the units' logs, named ports free, auto ports
+picked, commands found, probes built. Then, as the run begins: the environments
+with the ticket's variables, the trees (cgroup leaves, or the subreaper), the output
+pipes with their reader threads, the task runners, the ``stack.json`` record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from supervisor import readiness
+from supervisor.environ import minimal_env
+from supervisor.exitcodes import TOOL, USAGE
+from supervisor.output import LineReader
+from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_update, write_atomic
+from supervisor.spawn import Child, SpawnError, resolve, spawn
+from supervisor.stackfile import fill, filled_env
+from supervisor.stackstate import StackError, StackState
+from supervisor.task import CallResult, TaskRunner
+from supervisor.unitlog import RotatingLog
+from supervisor.units import TaskUnit, Unit
+
+# ---------------------------------------------------------------------- prepare
+
+
+def prepare(st: StackState) -> None:
+    """Everything that may refuse (see the module docstring); :class:`StackError` with
+    every reason, having let go of what it took."""
+    take_lock(st)
+    try:
+        open_logs(st)
+        check_ports(st)
+        assign(st)
+    except BaseException:
+        release(st)
+        raise
+    st.prepared = True
+
+
+def take_lock(st: StackState) -> None:
+    """The stack's name: an flock on ``stack.lock`` holding our pid."""
+    try:  # nothing of ours through a link planted in our directories
+        ensure_dir(os.path.dirname(os.path.abspath(st.run_dir)), owned=False)
+        ensure_dir(st.run_dir)
+        ensure_dir(os.path.join(st.run_dir, "logs"))
+        fd = open_for_update(os.path.join(st.run_dir, "stack.lock"))
+    except UnsafePath as e:
+        raise StackError([str(e)], 2) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise StackError(
+            [f"stack {st.name} is already running (pid {other or '?'}); see hold ps {st.name}"]
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    st.lock_fd = fd
+
+
+def open_logs(st: StackState) -> None:
+    """Each unit's log, and the check of the record we will write: refused
+    (exit 2, nothing started) if a link or someone else's file is there."""
+    try:
+        check_file(os.path.join(st.run_dir, "stack.json"))
+        for u in st.every():
+            u.log = RotatingLog(os.path.join(st.run_dir, "logs", f"{u.name}.log"))
+    except UnsafePath as e:
+        raise StackError([str(e)], 2) from None
+
+
+def check_ports(st: StackState) -> None:
+    """Every named port (the unit's, a tcp probe's) free now."""
+    errors: list[str] = []
+    for u in st.units.values():
+        named: list[tuple[int, tuple[str, ...]]] = []
+        if isinstance(u.spec.port, int):
+            named.append((u.spec.port, ("port",)))
+        r = u.spec.ready
+        if r is not None and r.tcp is not None and r.tcp != "{port}" and int(r.tcp) != u.spec.port:
+            named.append((int(r.tcp), ("ready", "tcp")))
+        for port, keys in named:
+            who = readiness.port_taken(port)
+            if who is not None:
+                errors.append(f"{st.where(u.name, *keys)}: port {port} is already taken by {who}")
+    if errors:
+        raise StackError(errors)
+
+
+def assign(st: StackState) -> None:
+    """Ports picked, then each unit's command, environment and probe filled in;
+    :class:`StackError` for every command that is not found."""
+    st.ports = _pick_ports(st)
+    errors: list[str] = []
+    code = USAGE
+    for u in st.every():  # services, then task units
+        f = functools.partial(fill, unit=u.name, ports=st.ports, run_dir=st.run_dir)
+        u.argv = tuple(f(a) for a in u.spec.cmd)
+        u.env = env_of(st, u)
+        try:
+            resolve(u.argv[0], u.env.get("PATH"))
+        except SpawnError as e:
+            errors.append(f"{st.where(u.name, 'cmd')}: {e}")
+            code = e.exit_code
+        if isinstance(u, Unit):
+            u.probe = _probe_of(u, f)
+    if errors:
+        raise StackError(errors, code)
+
+
+def _pick_ports(st: StackState) -> dict[str, int]:
+    """Each service's port: its own number, or a free one for ``auto``."""
+    taken = {u.spec.port for u in st.units.values() if isinstance(u.spec.port, int)}
+    ports: dict[str, int] = {}
+    for u in st.units.values():
+        if isinstance(u.spec.port, int):
+            u.port = u.spec.port
+        elif u.spec.port == "auto":
+            port = readiness.pick_free_port()
+            while port in taken:
+                port = readiness.pick_free_port()
+            taken.add(port)
+            u.port = port
+        if u.port is not None:
+            ports[u.name] = u.port
+    return ports
+
+
+def _probe_of(u: Unit, f: Callable[[str], str]) -> readiness.Probe | None:
+    """The unit's readiness probe, its placeholders filled by ``f``."""
+    r = u.spec.ready
+    if r is None:
+        return None
+    if r.http is not None:
+        assert u.port is not None
+        return readiness.HttpProbe(u.port, f(r.http))
+    if r.tcp is not None:
+        tcp_port = u.port if r.tcp == "{port}" else int(r.tcp)
+        assert tcp_port is not None
+        return readiness.TcpProbe(tcp_port)
+    if r.log is not None:
+        return readiness.LogProbe(r.log)
+    if r.file is not None:
+        return readiness.FileProbe(f(r.file))
+    if r.exec is not None:
+        return readiness.ExecProbe(tuple(f(a) for a in r.exec), _probe_starter(u))
+    return None
+
+
+def env_of(st: StackState, u: Unit | TaskUnit) -> dict[str, str]:
+    """The unit's whole environment: minimal, its ``env``, the caller's, its names."""
+    extra = {
+        **filled_env(u.spec, u.name, st.ports, st.run_dir),
+        **st.extra_env,
+        "HOLD_STACK": st.name,
+        "HOLD_UNIT": u.name,
+    }
+    return minimal_env(st.environ, tree_id=u.tree_id, pass_names=u.spec.pass_env, extra=extra)
+
+
+def _probe_starter(u: Unit) -> Callable[[tuple[str, ...]], Child]:
+    def start(argv: tuple[str, ...]) -> Child:
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            # The unit's isolation, and its marker and leaf: a probe that
+            # is still running when the unit stops (or when we are
+            # killed) is part of the unit's tree and goes with it.
+            return spawn(
+                argv,
+                env=u.env,
+                cpus=u.spec.cpus,
+                stdin=devnull,
+                stdout=devnull,
+                stderr=devnull,
+                cgroup=u.leaf,
+            )
+        finally:
+            os.close(devnull)
+
+    return start
+
+
+# ---------------------------------------------------------------------- as the run begins
+
+
+def make_trees(st: StackState) -> None:
+    """Each unit's cgroup leaf (or this process a subreaper), told to the caller
+    (``on_tree_prepared``) before anything starts."""
+    from supervisor.cgroup import CgroupUnavailable
+
+    try:
+        if st.hierarchy is not None:
+            for u in st.every():
+                u.leaf = st.hierarchy.create(f"hold-{u.tree_id}")
+        else:
+            from supervisor.reaper import become_subreaper
+
+            become_subreaper()
+        if st.on_tree_prepared is not None:
+            for u in st.every():
+                st.on_tree_prepared(u.name, u.tree_id, u.leaf)
+    except CgroupUnavailable as e:
+        remove_leaves(st)
+        raise StackError([f"cgroups: {e}"], TOOL) from None
+    except BaseException:
+        remove_leaves(st)
+        raise
+
+
+def open_outputs(st: StackState) -> None:
+    """Each service's output pipe, with the thread that copies it to the log."""
+    for u in st.units.values():
+        assert u.log is not None  # opened by prepare()
+        u.out_r, u.out_w = os.pipe2(os.O_CLOEXEC)
+        u.wake_r, u.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        u.reader = threading.Thread(
+            target=_read_output, args=(u,), name=f"out-{u.name}", daemon=True
+        )
+        u.reader.start()
+
+
+def _read_output(u: Unit) -> None:
+    """Reader thread: lines to the log, the tail, the log probe; until told to stop."""
+    reader = LineReader(u.out_r)
+    log = u.log
+    assert log is not None
+    probe = u.probe if isinstance(u.probe, readiness.LogProbe) else None
+    draining = False
+    while True:
+        if u.reader_stop.is_set() and not draining:
+            # Told to stop: take what is already in the pipe, then go.
+            draining = True
+        try:
+            line = reader.readline(time.monotonic() + (0.05 if draining else 0.25))
+        except TimeoutError:
+            if draining:
+                return
+            continue
+        if line is None:
+            return
+        try:
+            log.write(line)
+        except OSError:
+            pass
+        u.tail.append(line)
+        u.last_line = line
+        if probe is not None:
+            probe.feed(line)
+        u.wake()
+
+
+def open_tasks(st: StackState) -> None:
+    """Each task unit's runner; it takes the unit's log over."""
+    for t in st.tasks.values():
+        log, t.log = t.log, None  # the runner's from now on (it closes it)
+        t.runner = TaskRunner(
+            t.name,
+            t.spec,
+            env=t.env,
+            argv=t.argv,
+            leaf=t.leaf,
+            log=log,
+            on_end=functools.partial(_on_call_end, st),
+        )
+
+
+def _on_call_end(st: StackState, r: CallResult) -> None:
+    """In the call's thread: say what went wrong (each call is in the unit's log)."""
+    if r.outcome == "exited" and not r.survivors:
+        return
+    why = r.detail or r.outcome
+    text = f"{r.unit}: call {r.call_id} {r.outcome} (exit {r.exit_code}, {r.wall:.2f}s)"
+    if r.outcome != "exited":
+        text += f": {why}"
+    if r.survivors:
+        text += f"; {len(r.survivors)} process(es) SURVIVED its stop"
+    st.say(text)
+
+
+def write_record(st: StackState, **more: Any) -> None:
+    """``stack.json``: who runs the stack, from which file, and how it ended."""
+    rec = {
+        "name": st.name,
+        "pid": os.getpid(),
+        "file": os.path.abspath(st.source),
+        "started": time.time(),
+        **more,
+    }
+    write_atomic(os.path.join(st.run_dir, "stack.json"), json.dumps(rec).encode())
+
+
+# ---------------------------------------------------------------------- letting go
+
+
+def remove_leaves(st: StackState) -> None:
+    for u in st.every():
+        if u.leaf is not None and st.hierarchy is not None:
+            try:
+                u.leaf.remove(st.hierarchy.base)
+            except OSError as e:
+                st.say(f"{u.name}: cgroup leaf {u.leaf.path} not removed: {e}")
+        u.leaf = None
+
+
+def release(st: StackState) -> None:
+    """Let go of the stack's name (its lock) and the logs prepare() opened."""
+    for u in st.every():
+        if u.log is not None:
+            u.log.close()  # opened by prepare(); closing twice is nothing
+    if st.lock_fd >= 0:
+        os.close(st.lock_fd)  # the flock goes with it
+        st.lock_fd = -1
