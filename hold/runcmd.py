@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from hold.lease import DEFAULT_TTL, RELEASED, acquire_lease, daemon_event
@@ -29,13 +29,16 @@ if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.client import Client
     from hold.statedir import StateDir
     from supervisor.cause import Cause
+    from supervisor.foreground import Foreground, RunResult
+    from supervisor.tree import Tree
 
 
 def main_run(argv: list[str], prog: str = "hold run", device: str | None = None) -> int:
     """``hold run``; returns the exit status (see the README's table)."""
     usage = usage_for(prog)
     if not argv:
-        print(f"Usage: {usage}\nTry '{prog} --help' for the options.", file=sys.stderr)
+        print(f"{prog}: no command given\nUsage: {usage}\nTry '{prog} --help' for the options.",
+              file=sys.stderr)  # fmt: skip
         return exitcodes.USAGE
     try:
         args = parse_run_args(argv, device=device, usage=usage)
@@ -107,13 +110,11 @@ class Run:
         print(f"{self.prog}: {text}", file=sys.stderr, flush=True)
 
     def execute(self) -> int:
-        from hold.client import Client, ConfigMismatch, DaemonUnreachable
-        from hold.protocol import ProtocolError
+        """Connect, wait in line, run the command in the foreground; its exit status."""
         from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.environ import minimal_env
         from supervisor.foreground import Foreground, is_foreground_tty
         from supervisor.spawn import SpawnError, resolve
-        from supervisor.tree import Tree
 
         args = self.args
         try:
@@ -128,24 +129,11 @@ class Run:
         except SpawnError as e:
             self.say(str(e))
             return e.exit_code
-
         # The daemon first: if we have to start it, it must not be our child
         # while we are a subreaper (prepare() below may make us one).
-        client: Client | None = None
-        try:
-            client = Client.with_session(self.sd, config=self.config_digest)
-        except ConfigMismatch as e:
-            self.say(str(e))
-            return exitcodes.USAGE
-        except (DaemonUnreachable, OSError, TimeoutError) as e:
-            if self.spec is not None:
-                self.say(f"cannot reach the ticket daemon: {e}")
-                return exitcodes.TOOL
-            self.say(f"warning: no guardian for this command ({e}); it is stopped only "
-                     "while this process lives")  # fmt: skip
-            client = None
-        self.client = client
-
+        code = self._connect()
+        if code is not None:
+            return code
         fg = Foreground(
             args.command, env=env, tree_id=tree_id, cpus=args.cpus, timeout=args.time,
             grace=args.grace, stop_signal=args.signal, hierarchy=hierarchy,
@@ -155,11 +143,11 @@ class Run:
         # must allow what the user asked for, lease or not.
         tree: dict[str, object] = {"tree_id": tree_id, "leaf": None, "grace": args.grace}
         try:
-            if client is not None and self.spec is not None:
+            if self.client is not None and self.spec is not None:
                 # Wait in line first, with the tree known by its marker only:
                 # the leaf is made once the lease is granted (a leaf made before
                 # a long wait can be removed by someone else in the meantime).
-                code = self._acquire(client, tree, env)
+                code = self._acquire(self.client, tree, env)
                 if code is not None:
                     return code
                 fg.env = env
@@ -167,6 +155,31 @@ class Run:
         except (OSError, TimeoutError) as e:
             self.say(f"lost the ticket daemon: {e}")
             return exitcodes.TOOL
+        return self._run(fg, tree)
+
+    def _connect(self) -> int | None:
+        """A session with the daemon (``self.client``; None without one); else an exit status."""
+        from hold.client import Client, ConfigMismatch, DaemonUnreachable
+
+        try:
+            self.client = Client.with_session(self.sd, config=self.config_digest)
+        except ConfigMismatch as e:
+            self.say(str(e))
+            return exitcodes.USAGE
+        except (DaemonUnreachable, OSError, TimeoutError) as e:
+            if self.spec is not None:
+                self.say(f"cannot reach the ticket daemon: {e}")
+                return exitcodes.TOOL
+            self.say(f"warning: no guardian for this command ({e}); it is stopped only "
+                     "while this process lives")  # fmt: skip
+            self.client = None
+        return None
+
+    def _run(self, fg: Foreground, tree: dict[str, object]) -> int:
+        """The leaf, the tree registered, the command run and stopped; its exit status."""
+        from supervisor.cgroup import CgroupUnavailable
+        from supervisor.spawn import SpawnError
+
         try:
             leaf = fg.prepare()
         except CgroupUnavailable as e:  # writable, yet no leaf could be made
@@ -175,41 +188,60 @@ class Run:
                 return exitcodes.USAGE
             fg.hierarchy = None
             leaf = fg.prepare()
-        if args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
+        if self.args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
             self.say(fg.walk_note(self.cgroups))
+        client = self.client
         with fg.until_run():  # the leaf goes, whatever happens, if the command never runs
-            try:
-                if client is not None and (leaf is not None or self.spec is None):
-                    tree["leaf"] = leaf.path if leaf else None
-                    ans = client.request_renewing({"op": "tree", **tree})
-                    if ans.get("ev") != "ok":
-                        self.say(f"warning: the daemon refused to guard this command: {ans}")
-            except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
-                self.say(f"lost the ticket daemon: {e}")
-                return exitcodes.TOOL
-
-            def on_started(t: Tree) -> None:
-                if client is not None and t.root is not None:
-                    try:
-                        client.send({"op": "root", "tree_id": tree_id, "pid": t.root.pid})
-                    except OSError:
-                        pass
-
+            if client is not None and (leaf is not None or self.spec is None):
+                tree["leaf"] = leaf.path if leaf else None
+                if not self._register(client, tree):
+                    return exitcodes.TOOL
             extra = {client.fileno(): self._on_daemon} if client is not None else None
             try:
-                result = fg.run(extra=extra, on_started=on_started)
+                result = fg.run(extra=extra, on_started=self._on_started(str(tree["tree_id"])))
             except SpawnError as e:
                 self.say(str(e))
                 return e.exit_code
             finally:
-                if self.client is not None:
+                if client is not None:
                     if self.lease is not None:
                         # Returns once the daemon has ended the lease: the token is
                         # gone and the device grantable when we return.
-                        self.client.end()
-                    self.client.close()
+                        client.end()
+                    client.close()
+        return self._outcome(result)
+
+    def _register(self, client: Client, tree: dict[str, object]) -> bool:
+        """The tree made known to the daemon (its guardian); False if the daemon is lost."""
+        from hold.client import DaemonUnreachable
+        from hold.protocol import ProtocolError
+
+        try:
+            ans = client.request_renewing({"op": "tree", **tree})
+        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
+            self.say(f"lost the ticket daemon: {e}")
+            return False
+        if ans.get("ev") != "ok":
+            self.say(f"warning: the daemon refused to guard this command: {ans}")
+        return True
+
+    def _on_started(self, tree_id: str) -> Callable[[Tree], None]:
+        """Tell the daemon the command's pid once it runs."""
+        client = self.client
+
+        def on_started(t: Tree) -> None:
+            if client is not None and t.root is not None:
+                try:
+                    client.send({"op": "root", "tree_id": tree_id, "pid": t.root.pid})
+                except OSError:
+                    pass
+
+        return on_started
+
+    def _outcome(self, result: RunResult) -> int:
+        """What is said at the end, and the exit status (the README's table)."""
         report = result.report
-        if args.verbose or report.survivors or report.holders_after:
+        if self.args.verbose or report.survivors or report.holders_after:
             self.say(report.summary())
         kind = result.cause.kind
         if kind == "expired":

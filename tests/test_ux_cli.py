@@ -62,7 +62,9 @@ def test_the_hot_path_stays_light() -> None:
 def test_no_command_prints_the_programs_own_usage(prog: str) -> None:
     res = run(PROGS[prog])
     assert res.returncode == 2
-    assert res.stderr.startswith(f"Usage: {prog} [OPTIONS] -- COMMAND [ARG...]\n"), res.stderr
+    assert res.stderr.startswith(
+        f"{prog}: no command given\nUsage: {prog} [OPTIONS] -- COMMAND [ARG...]\n"
+    ), res.stderr
     assert f"Try '{prog} --help'" in res.stderr
     if prog != "hold run":
         assert "hold run" not in res.stderr
