@@ -1,0 +1,126 @@
+"""``hold down`` and ``hold restart``: asking a running stack to stop, or to restart
+a unit; ``hold down`` of a stack that is still starting (no control socket yet,
+its lock held) signals its process. Both return only once it is done."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from hold.stackdir import ask, open_sd, run_dir_of, say
+from supervisor.exitcodes import NO, OK, SURVIVORS, TOOL, UNIT_FAILED, USAGE
+from supervisor.parse import BadValue
+
+
+def main_down(name: str) -> int:
+    def progress(msg: dict[str, Any]) -> None:
+        if msg.get("ev") == "stopping":
+            say(f"stopping stack {name}...", "hold down")
+
+    try:
+        # The stop takes up to the units' grace periods; each message resets the wait.
+        ans = ask(name, {"op": "down"}, timeout=3600, on_message=progress)
+    except ConnectionResetError:
+        ans = {"ev": "stopped", "code": 0, "survivors": []}  # it was already stopping
+    except BadValue as e:
+        say(str(e), "hold down")
+        return USAGE
+    if ans is None:
+        return _down_starting(name)
+    if ans.get("ev") == "error":
+        say(str(ans.get("error")), "hold down")
+        return int(ans.get("code", USAGE))
+    # Return only once the stack's process has finished (it holds its lock
+    # until then): after a reset connection we have no word of the stop, and
+    # "stopped" must never be said while a unit may still be running.
+    if not _wait_unlocked(os.path.join(run_dir_of(open_sd(), name), "stack.lock"), 3600):
+        say(f"stack {name} is still stopping after an hour; see hold ps {name}", "hold down")
+        return TOOL
+    for s in ans.get("survivors") or []:
+        say(f"survivor pid {s['pid']} ({s['found_by']}): {s['command']}", "hold down")
+    code = int(ans.get("code", 0))
+    say(f"stack {name} stopped" + (" (with survivors)" if code == SURVIVORS else ""), "hold down")
+    return SURVIVORS if code == SURVIVORS else OK
+
+
+def _down_starting(name: str) -> int:
+    """``hold down`` of a stack with no control socket: not running, or starting
+    (its lock is held: waiting for a ticket, making its trees). A starting stack
+    is stopped like a running one: its process is told (SIGTERM) and waited for."""
+    lock = os.path.join(run_dir_of(open_sd(), name), "stack.lock")
+    pid = _lock_holder(lock)
+    if pid is None:
+        say(f"stack {name} is not running", "hold down")
+        return 0
+    say(f"stack {name} is starting (pid {pid}); stopping it", "hold down")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        say(f"stack {name} (pid {pid}) is not yours to stop", "hold down")
+        return USAGE
+    if not _wait_unlocked(lock, 3600):
+        say(f"stack {name} is still stopping after an hour; see hold ps {name}", "hold down")
+        return TOOL
+    say(f"stack {name} stopped", "hold down")
+    return 0
+
+
+def _lock_holder(path: str) -> int | None:
+    """The pid written in a held stack lock; None if nobody holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it (closing fd lets go at once)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else None
+    finally:
+        os.close(fd)
+
+
+def _wait_unlocked(path: str, timeout: float) -> bool:
+    """True once nobody holds ``path``'s flock (or it does not exist)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True  # closing fd below lets go at once
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.002)
+    finally:
+        os.close(fd)
+
+
+def main_restart(name: str, unit: str) -> int:
+    try:
+        ans = ask(name, {"op": "restart", "unit": unit}, timeout=3600)
+    except BadValue as e:
+        say(str(e), "hold restart")
+        return USAGE
+    if ans is None:
+        say(f"stack {name} is not running", "hold restart")
+        return NO
+    if ans.get("ev") == "error":
+        say(str(ans.get("error")), "hold restart")
+        return int(ans.get("code", UNIT_FAILED))
+    say(f"{unit} restarted (pid {ans.get('pid')})", "hold restart")
+    return 0

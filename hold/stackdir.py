@@ -1,0 +1,86 @@
+"""What the stack commands share: where a stack lives (``HOLD_STATE_DIR/stacks/NAME/``),
+its file checked by our rules too, and asking a running stack on its control socket."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from supervisor.parse import BadValue
+
+if TYPE_CHECKING:
+    from hold.config import Config
+    from hold.statedir import StateDir
+    from supervisor.stackfile import StackSpec
+
+
+def say(text: str, prog: str = "hold up") -> None:
+    print(f"{prog}: {text}", file=sys.stderr, flush=True)
+
+
+def load_checked(path: str, cfg: Config | None = None) -> StackSpec:
+    """The stack file, checked by the supervisor's rules and by ours (device, label).
+
+    Raises :class:`~supervisor.stackfile.StackFileError` with every problem,
+    or :class:`BadValue` for a bad configuration file.
+    """
+    from hold.config import load
+    from hold.devices import classes_from_config, parse_device_spec
+    from hold.protocol import check_label
+    from supervisor.stackfile import load as load_stack
+
+    cfg = load() if cfg is None else cfg
+    classes = classes_from_config(cfg.devices, cfg.path)
+
+    def check(data: dict[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        out: list[tuple[tuple[str | int, ...], str]] = []
+        hold = data.get("hold")
+        if not isinstance(hold, dict):
+            return out
+        device = hold.get("device")
+        if isinstance(device, str):
+            try:
+                parse_device_spec(device, classes, what="device")
+            except BadValue as e:
+                out.append((("hold", "device"), f"{device!r} is not valid: {e.accepted}"))
+        label = hold.get("label")
+        if isinstance(label, str):
+            why = check_label(label)
+            if why:
+                out.append((("hold", "label"), f"{label!r} is not valid: {why}"))
+        return out
+
+    return load_stack(path, extra_check=check)
+
+
+def run_dir_of(sd: StateDir, name: str) -> str:
+    """The stack's directory; :class:`BadValue` for a name that is not one."""
+    from supervisor.stackctl import check_stack_name
+
+    return os.path.join(sd.stacks(), check_stack_name(name))
+
+
+def open_sd() -> StateDir:
+    """The state directory, with its ``stacks`` directory made."""
+    from hold.statedir import open_state_dir
+
+    sd = open_state_dir()
+    try:
+        os.makedirs(sd.stacks(), mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise BadValue("stack directory", sd.stacks(), f"a directory you may write "
+                       f"({e.strerror})") from None  # fmt: skip
+    return sd
+
+
+def ask(name: str, msg: dict[str, Any], **kw: Any) -> dict[str, Any] | None:
+    """Ask the running stack ``name``; None if it is not running."""
+    from supervisor.stackctl import request
+
+    sd = open_sd()
+    sock = os.path.join(run_dir_of(sd, name), "control.sock")
+    try:
+        return request(sock, msg, **kw)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None

@@ -1,0 +1,365 @@
+"""``hold up``: a stack run inside a ticket, in the foreground or detached.
+
+* with ``hold:`` in the file, the ticket is taken first (waiting in line as
+  ``npu-hold`` does, through :func:`hold.lease.acquire_lease`), and every
+  unit gets its variables (``HOLD_LEASE``, ``CUDA_VISIBLE_DEVICES``...) and
+  runs inside it, so units pass ``hold check``;
+* every unit's tree is registered with the daemon before anything is spawned
+  (marker and cgroup leaf) and its root after each spawn, so a ``hold up``
+  that is SIGKILLed leaves nothing: the daemon, the guardian, stops them;
+* ``--detach`` starts the same command in the background and returns once it
+  is up (:class:`StatusPipe` carries what it says until then).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from hold.stackdir import load_checked, open_sd, run_dir_of, say
+from supervisor.exitcodes import EXPIRED, OK, TOOL, USAGE, signalled
+from supervisor.parse import BadValue
+
+if TYPE_CHECKING:
+    from hold.client import Client
+    from hold.config import Config
+    from hold.statedir import StateDir
+    from supervisor.cause import Cause
+    from supervisor.cgroup import Leaf
+    from supervisor.stack import Stack
+    from supervisor.stackfile import StackSpec
+    from supervisor.tree import Tree
+
+
+def main_up(
+    path: str, *, detach: bool = False, run_for: str | None = None, status_fd: int | None = None
+) -> int:
+    """``hold up``; the exit status (see the README's table)."""
+    from hold.config import load
+    from supervisor.parse import parse_duration
+    from supervisor.stackfile import StackFileError
+
+    try:
+        seconds = (
+            parse_duration(run_for, what="--for", plain_unit="seconds")
+            if run_for is not None
+            else None
+        )
+        cfg = load()  # once for the whole command, passed down
+        spec = load_checked(path, cfg)
+        sd = open_sd()
+    except StackFileError as e:
+        for line in e.errors:
+            print(line, file=sys.stderr)
+        return USAGE
+    except BadValue as e:
+        say(str(e))
+        return USAGE
+    if detach:
+        return _detach(path, spec, sd, run_for)
+    # Until the stack's own loop takes the stop signals over, one ends this
+    # run cleanly: it may be waiting for a ticket or making its trees, and
+    # `hold down` of a stack that is starting sends exactly that.
+    from hold.interrupt import Interrupted, interrupting
+
+    try:
+        with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)):
+            return StackRun(spec, sd, cfg, seconds, status_fd).execute()
+    except Interrupted as e:
+        say(f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
+            "nothing is left running")  # fmt: skip
+        return signalled(e.signum)
+
+
+class StatusPipe:
+    """A detached ``hold up`` tells its starter what it says, then that it is ready,
+    as JSON lines on an inherited descriptor; afterwards it talks to its log."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        # Ours alone: a daemon we autostart must not inherit it and keep the
+        # starter waiting for an end of file that never comes.
+        os.set_inheritable(fd, False)
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                try:
+                    os.write(self.fd, json.dumps({"line": text}).encode() + b"\n")
+                    return
+                except OSError:
+                    self._close()
+        print(text, file=sys.stderr, flush=True)
+
+    def ready(self) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                try:
+                    os.write(self.fd, b'{"ready": true}\n')
+                except OSError:
+                    pass
+                self._close()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                self._close()
+
+    def _close(self) -> None:
+        os.close(self.fd)
+        self.fd = -1
+
+
+class StackRun:
+    """One ``hold up`` in the foreground: daemon, ticket, then :class:`~supervisor.stack.Stack`."""
+
+    def __init__(
+        self,
+        spec: StackSpec,
+        sd: StateDir,
+        cfg: Config,
+        run_for: float | None,
+        status_fd: int | None,
+    ) -> None:
+        self.spec = spec
+        self.sd = sd
+        self.cfg = cfg
+        self.run_for = run_for
+        self.status = StatusPipe(status_fd) if status_fd is not None else None
+        self.client: Client | None = None
+        self.send_lock = threading.Lock()
+        self.leased = False
+
+    def say(self, text: str) -> None:
+        if self.status is not None:
+            self.status.write(f"hold up: {text}")
+        else:
+            say(text)
+
+    def execute(self) -> int:
+        from supervisor.cgroup import CgroupUnavailable, hierarchy_for
+        from supervisor.display import Display
+        from supervisor.stack import Stack, StackError
+
+        spec = self.spec
+        cfg = self.cfg
+        try:
+            hierarchy = hierarchy_for(cfg.cgroups)
+        except CgroupUnavailable as e:
+            self.say(f"cgroups: required, but {e}")
+            return USAGE
+        display = Display(write=self.status.write, live=False) if self.status else Display()
+        stack = Stack(
+            spec,
+            run_dir=run_dir_of(self.sd, spec.name),
+            hierarchy=hierarchy,
+            environ=os.environ,
+            display=display,
+            on_tree_prepared=self._on_tree_prepared,
+            on_started=self._on_started,
+            run_for=self.run_for,
+            on_ready=self.status.ready if self.status else None,
+        )
+        try:
+            stack.prepare()  # refusals (name taken, port taken...) before waiting for a device
+        except StackError as e:
+            for line in e.errors:
+                self.say(line)
+            return e.code
+
+        with stack.until_run():  # its lock and logs let go on every way out, unless it ran
+            return self._run(stack, cfg)
+
+    def _run(self, stack: Stack, cfg: Config) -> int:
+        """The daemon, the ticket, then the stack itself."""
+        from hold.client import Client, ConfigMismatch, DaemonUnreachable
+        from hold.config import fingerprint
+        from supervisor.stack import StackError
+
+        spec = self.spec
+        # The daemon before the stack starts: if we have to start one, it must
+        # not become our child while we are a subreaper (the stack may make us one).
+        try:
+            digest = fingerprint(cfg.path) if spec.hold is not None else None
+            self.client = Client.with_session(self.sd, config=digest)
+        except ConfigMismatch as e:
+            self.say(str(e))
+            return USAGE
+        except (DaemonUnreachable, OSError, TimeoutError) as e:
+            if spec.hold is not None:
+                self.say(f"cannot reach the ticket daemon: {e}")
+                return TOOL
+            self.say(
+                f"warning: no guardian for this stack ({e}); its units are stopped "
+                "only while this process lives"
+            )
+            self.client = None
+        try:
+            env: dict[str, str] = {}
+            if spec.hold is not None:
+                code = self._acquire(env)
+                if code is not None:
+                    return code
+            if self.client is not None:
+                stack.extra[self.client.fileno()] = self._on_daemon
+            try:
+                result = stack.run(extra_env=env)
+            except StackError as e:
+                for line in e.errors:
+                    self.say(line)
+                return e.code
+            return result.code
+        finally:
+            if self.client is not None:
+                if self.leased:
+                    self.client.end()  # the lease is over when `hold up` returns
+                self.client.close()
+            if self.status is not None:
+                self.status.close()  # the starter reads its end of file: not ready
+
+    def _acquire(self, env: dict[str, str]) -> int | None:
+        from hold.devices import classes_from_config, parse_device_spec
+        from hold.lease import DEFAULT_TTL, acquire_lease
+
+        hold = self.spec.hold
+        assert hold is not None
+        if self.client is None:
+            return TOOL
+        cfg = self.cfg
+        cls, indices = parse_device_spec(
+            hold.device, classes_from_config(cfg.devices, cfg.path), what="device"
+        )
+        grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
+        got = acquire_lease(
+            self.client,
+            self.sd,
+            self.say,
+            cls=cls,
+            indices=indices,
+            count=len(indices) if indices else 1,
+            label=hold.label or self.spec.name,
+            ttl=hold.ttl or DEFAULT_TTL,
+            grace=grace,
+            wait=True,
+            wait_timeout=None,
+            tree=None,
+            env=env,
+        )
+        if isinstance(got, int):
+            return got
+        self.leased = True
+        self.say(
+            f"inside lease {got.lease} ({env.get('HOLD_DEVICES')}) until "
+            f"{time.strftime('%H:%M:%S', time.localtime(got.expires))}"
+        )
+        return None
+
+    # Hooks called by the stack -----------------------------------------------
+
+    def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
+        from hold.client import DaemonUnreachable
+        from hold.protocol import ProtocolError
+        from supervisor.stack import StackError
+
+        client = self.client
+        if client is None:
+            return
+        try:
+            # The unit's own grace: the daemon gives it when it stops the tree for us.
+            grace = self.spec.units[unit].stop.grace
+            ans = client.request_renewing(
+                {
+                    "op": "tree",
+                    "tree_id": tree_id,
+                    "leaf": leaf.path if leaf else None,
+                    "grace": grace,
+                }
+            )
+        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
+            raise StackError(
+                [f"lost the ticket daemon while registering {unit}: {e}"], TOOL
+            ) from None
+        if ans.get("ev") != "ok":
+            msg = f"the daemon refused to guard unit {unit}: {ans.get('error')}"
+            if self.spec.hold is not None:
+                raise StackError([msg], TOOL)
+            self.say(f"warning: {msg}")
+
+    def _on_started(self, unit: str, tree: Tree) -> None:
+        client = self.client
+        if client is None or tree.root is None:
+            return
+        with self.send_lock:  # called from several start threads at once
+            try:
+                client.send({"op": "root", "tree_id": tree.tree_id, "pid": tree.root.pid})
+            except OSError:
+                pass
+
+    def _on_daemon(self, fd: int) -> Cause | None:
+        from hold.lease import daemon_event
+        from supervisor.cause import Cause
+
+        assert self.client is not None
+        ev = daemon_event(self.client, self.say)
+        if ev is None:
+            return None
+        kind, detail = ev
+        code = {"expired": EXPIRED, "released": OK}.get(kind, TOOL)
+        return Cause(kind, detail, code)
+
+
+def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> int:
+    """Start ``hold up`` in the background; return once it is up (0) or with its failure."""
+    from supervisor.safefile import UnsafePath, ensure_dir, open_for_append
+
+    run_dir = run_dir_of(sd, spec.name)
+    log_path = os.path.join(run_dir, "supervisor.log")
+    try:  # never through a link planted at the directories or the log
+        ensure_dir(os.path.dirname(run_dir), owned=False)
+        ensure_dir(run_dir)
+        log = open_for_append(log_path)
+    except UnsafePath as e:
+        say(str(e))
+        return USAGE
+    r, w = os.pipe()
+    argv = [sys.executable, "-m", "hold", "up", "--status-fd", str(w)]
+    if run_for is not None:
+        argv += ["--for", run_for]
+    argv.append(os.path.abspath(path))
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(w,),
+            start_new_session=True,
+        )
+    finally:
+        os.close(log)
+        os.close(w)
+    with os.fdopen(r, "rb") as f:
+        for raw in f:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if msg.get("ready"):
+                n = spec.name
+                say(
+                    f"stack {n} is up in the background (pid {proc.pid}); "
+                    f"hold ps {n}, hold logs {n} UNIT, hold down {n}"
+                )
+                # It runs on without us: forget it without waiting (it is not ours to reap).
+                proc.returncode = 0
+                return 0
+            if "line" in msg:
+                print(msg["line"], file=sys.stderr, flush=True)
+    return proc.wait()
