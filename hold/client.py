@@ -355,7 +355,9 @@ def _spawn_daemon(sd: StateDir, timeout: float) -> bool:
     # Not through supervisor.spawn: the daemon must carry no HOLD_TREE marker
     # (it would be stopped with the tree of whoever started it), and it keeps
     # the variables that locate its state and configuration.
-    env = {k: v for k, v in os.environ.items() if k != "HOLD_TREE"}
+    # Nor the caller's NOTIFY_SOCKET: under systemd, `hold up` is the service
+    # that says READY=1, not a daemon it happened to start.
+    env = {k: v for k, v in os.environ.items() if k not in ("HOLD_TREE", "NOTIFY_SOCKET")}
     env["HOLD_STATE_DIR"] = sd.path
     try:
         log = open_for_append(sd.log)  # the daemon's stderr: never through a planted link

@@ -44,6 +44,7 @@ from hold.records import Log
 from hold.sessions import Endings, recover
 from hold.statedir import StateDir
 from hold.status import status
+from supervisor.notify import tell_systemd
 
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 
@@ -119,7 +120,7 @@ class Daemon:
         st.log.info("daemon_started", pid=os.getpid(), state_dir=st.sd.path,
                     classes={k: st.sizes[k] for k in st.classes}, config=st.config_path,
                     arbiter="system" if st.system else "per-user")  # fmt: skip
-        _sd_notify("READY=1")
+        tell_systemd("READY=1")
         if ready_fd is not None:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
@@ -338,17 +339,3 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
-
-
-def _sd_notify(state: str) -> None:
-    """systemd's notify protocol (Type=notify), if we were started that way."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-        try:
-            s.sendto(state.encode(), addr)
-        except OSError:
-            pass

@@ -78,6 +78,7 @@ class Launch:
     timeout: float
     stop_signal: int
     grace: float
+    cwd: str | None = None  # the unit's working directory (None: the supervisor's)
 
 
 @dataclass(frozen=True)

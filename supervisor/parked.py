@@ -141,6 +141,7 @@ class Parking:
                     stdin=in_r,
                     stdout=out_w,
                     stderr=err_w,
+                    cwd=self.launch.cwd,
                 )
             finally:
                 for fd in (in_r, out_w, err_w):

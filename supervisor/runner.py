@@ -53,6 +53,7 @@ def run_cold(launch: Launch, call: Call, leaf: Leaf | None, queued: float) -> Ca
                 stdout=out_w,
                 stderr=err_w,
                 cgroup=leaf,
+                cwd=launch.cwd,
             )
         except SpawnError as e:
             return call.failed(e.exit_code, str(e), queued)

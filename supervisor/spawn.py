@@ -43,6 +43,14 @@ from supervisor.parse import format_cpus
 _CGROUP_STUB = 'echo $$ > "$0" || exit 125; exec "$@"'
 # The shell sets and exports PWD itself; the child gets it only if the caller gave it.
 _CGROUP_STUB_NO_PWD = 'echo $$ > "$0" || exit 125; unset PWD; exec "$@"'
+# With a working directory: posix_spawn has no chdir action in Python (and a
+# chdir in a threaded parent would move every thread), so the stub does it.
+_CWD_STUB = 'cd -- "$0" || exit 125; exec "$@"'
+_CWD_STUB_NO_PWD = 'cd -- "$0" || exit 125; unset PWD; exec "$@"'
+_BOTH_STUB = 'echo $$ > "$0" || exit 125; cd -- "$1" || exit 125; shift; exec "$@"'
+_BOTH_STUB_NO_PWD = (
+    'echo $$ > "$0" || exit 125; cd -- "$1" || exit 125; shift; unset PWD; exec "$@"'
+)
 
 # Every signal a child should start with at its default disposition.
 _ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
@@ -56,8 +64,9 @@ class SpawnError(SupervisorError):
         self.exit_code = exit_code
 
 
-def resolve(program: str, path: str | None) -> str:
-    """Find ``program`` as ``execvp`` would with the *child's* PATH.
+def resolve(program: str, path: str | None, cwd: str | None = None) -> str:
+    """Find ``program`` as ``execvp`` would with the *child's* PATH, from the
+    child's working directory ``cwd`` (None: ours).
 
     Raises :class:`SpawnError` with 127 (not found) or 126 (not executable).
     """
@@ -65,6 +74,8 @@ def resolve(program: str, path: str | None) -> str:
         candidates = [program]
     else:
         candidates = [os.path.join(d or ".", program) for d in (path or "").split(":")]
+    if cwd is not None:
+        candidates = [os.path.join(cwd, c) for c in candidates]
     denied: str | None = None
     for cand in candidates:
         try:
@@ -213,6 +224,7 @@ def spawn(
     stderr: int | None = None,
     pass_fds: Sequence[int] = (),
     cgroup: Leaf | None = None,
+    cwd: str | None = None,
 ) -> Child:
     """Start ``argv`` isolated as the module docstring says; return its :class:`Child`.
 
@@ -220,7 +232,8 @@ def spawn(
     are descriptors to put at 0/1/2 (None: share ours). ``new_session`` False
     gives the child its own process group only (for an interactive command
     that must stay in the terminal's session). ``cpus`` None leaves the mask
-    as the caller's; an empty set is refused.
+    as the caller's; an empty set is refused. ``cwd``: the child's working
+    directory (None: ours); a relative program is found from there.
 
     Raises :class:`SpawnError` (127/126 for a missing or non-executable
     program) before anything runs.
@@ -229,7 +242,9 @@ def spawn(
         raise SpawnError("no command given", 2)
     if cpus is not None and not cpus:
         raise SpawnError("empty CPU mask: refusing to start without pinning", 2)
-    program = resolve(argv[0], env.get("PATH"))
+    program = resolve(argv[0], env.get("PATH"), cwd)
+    if cwd is not None and not os.path.isdir(cwd):
+        raise SpawnError(f"working directory {cwd}: no such directory", 2)
 
     keep = set(pass_fds)
     actions: list[tuple[int, ...]] = []
@@ -241,9 +256,16 @@ def spawn(
     actions.extend((os.POSIX_SPAWN_DUP2, fd, fd) for fd in pass_fds)
     actions.extend(close_actions(keep))
 
-    if cgroup is not None:
-        stub = _CGROUP_STUB if "PWD" in env else _CGROUP_STUB_NO_PWD
+    pwd = "PWD" in env
+    if cgroup is not None and cwd is not None:
+        stub = _BOTH_STUB if pwd else _BOTH_STUB_NO_PWD
+        path, args = "/bin/sh", ["sh", "-c", stub, cgroup.procs_file, cwd, *argv]
+    elif cgroup is not None:
+        stub = _CGROUP_STUB if pwd else _CGROUP_STUB_NO_PWD
         path, args = "/bin/sh", ["sh", "-c", stub, cgroup.procs_file, *argv]
+    elif cwd is not None:
+        stub = _CWD_STUB if pwd else _CWD_STUB_NO_PWD
+        path, args = "/bin/sh", ["sh", "-c", stub, cwd, *argv]
     else:
         path, args = program, list(argv)
 

@@ -190,6 +190,10 @@ def _restart(st: StackState, name: str, reply: Reply) -> None:
         why = f"no unit {name!r} in stack {st.name} (units: {', '.join(st.units)})"
         reply.send({"ev": "error", "code": USAGE, "error": why}, done=True)
         return
+    if u.spec.kind == "oneshot":
+        why = f"unit {name} is a oneshot ({u.state}): it runs once, when the stack starts"
+        reply.send({"ev": "error", "code": USAGE, "error": why}, done=True)
+        return
     if (
         st.cause is not None
         or u.job is not None
@@ -200,6 +204,8 @@ def _restart(st: StackState, name: str, reply: Reply) -> None:
         return
     u.restart_at = None
     u.total_restarts += 1
+    u.final = False
+    u.stop_watching()
     advance(u, UnitState.RESTARTING)
     st.say(f"{name}: restarting (asked by hold restart)")
     launch(st, u, _manual_restart_job, reply=reply)

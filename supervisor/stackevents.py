@@ -9,13 +9,19 @@ unit's state once its job is over.
 
 from __future__ import annotations
 
+import functools
 import queue
 import time
 
 from supervisor.cause import Cause
-from supervisor.exitcodes import NOT_READY, OK, SURVIVORS, UNIT_FAILED
+from supervisor.exitcodes import NOT_READY, SURVIVORS, UNIT_FAILED
+from supervisor.liveness import Liveness, stop_unhealthy
+from supervisor.notify import tell_systemd
 from supervisor.parse import format_cpus
+from supervisor.readiness import Answer
 from supervisor.spawn import owned_pids
+from supervisor.stackfile import fill
+from supervisor.stackplan import probe_of
 from supervisor.stackstart import launch, launch_starts
 from supervisor.stackstate import StackState
 from supervisor.states import UnitState, advance
@@ -35,11 +41,17 @@ def handle_events(st: StackState) -> None:
             st.say(ev[1])
         elif kind == "spawned":
             u = ev[1]
+            u.spawned_once = True
             port = f", port {u.port}" if u.port is not None else ""
             cpus = f", cpus {format_cpus(u.spec.cpus)}" if u.spec.cpus else ""
             st.say(f"{u.name}: started, pid {u.pid}{port}{cpus}")
         elif kind == "result":
             _on_result(st, *ev[1:])
+        elif kind == "skipped":
+            u = ev[1]
+            fail(st, Cause("start", f"unit {u.name} cannot start: {ev[2]}", UNIT_FAILED), u)
+        elif kind == "alive":
+            on_alive(st, *ev[1:])
         elif kind == "cleaned":
             _on_cleaned(st, ev[1], ev[2])
         elif kind == "call":
@@ -55,6 +67,15 @@ def _on_result(st: StackState, u: Unit, outcome: str, code: int, why: str) -> No
         u.ready_at = time.monotonic()
         u.detail = why
         st.say(f"{u.name}: ready after {u.ready_at - u.spawned_at:.2f}s ({why})")
+        _watch_liveness(st, u)
+        launch_starts(st)
+        maybe_up(st)
+        return
+    if outcome == "completed":
+        advance(u, UnitState.COMPLETED)
+        reap(u.child)
+        u.detail = why
+        st.say(f"{u.name}: completed ({why})")
         launch_starts(st)
         maybe_up(st)
         return
@@ -67,17 +88,58 @@ def _on_result(st: StackState, u: Unit, outcome: str, code: int, why: str) -> No
     advance(u, UnitState.FAILED)
     u.detail = why
     reap_if_exited(u)
-    if st.phase == "starting" and u.total_restarts == 0:
+    if u.spec.kind == "oneshot":
+        _end_for_good(st, u, Cause("start", f"oneshot {u.name} failed: {why}", code), why)
+        return
+    if st.phase == "starting" and u.total_restarts == 0 and u.spec.essential:
         what = "never became ready" if code == NOT_READY else "failed to start"
         fail(st, Cause("start", f"unit {u.name} {what}: {why}", code), u)
         return
     _after_end(st, u, failed=True, code=code, why=why)
 
 
+def _watch_liveness(st: StackState, u: Unit) -> None:
+    """A ready unit with ``liveness:`` is checked every period from now on."""
+    spec = u.spec.liveness
+    if spec is None or u.tree is None:
+        return
+    f = functools.partial(
+        fill,
+        unit=u.name,
+        ports=st.ports,
+        run_dir=st.run_dir,
+        stack_dir=st.spec.stack_dir,
+        scratch=u.scratch.path if u.scratch else "",
+    )
+    probe = probe_of(u, spec.as_probe(), f)
+    assert probe is not None
+    u.live = "ok (not checked yet)"
+    u.liveness = Liveness(u, probe, u.tree, period=spec.period, timeout=spec.timeout, post=st.post)
+
+
+def on_alive(st: StackState, u: Unit, watcher: Liveness, answer: Answer) -> None:
+    """A liveness answer: count failures in a row; at the threshold, stop the unit
+    (its exit is then a failure, and its restart policy decides)."""
+    spec = u.spec.liveness
+    if watcher is not u.liveness or spec is None or u.state is not UnitState.READY:
+        return  # from a check of a process that is gone
+    if answer.ok:
+        watcher.failures = 0
+        u.live = "ok"
+        return
+    watcher.failures += 1
+    u.live = f"failing {watcher.failures}/{spec.failures}: {answer.detail}"
+    if watcher.failures < spec.failures or u.unhealthy or u.child is None:
+        return
+    u.unhealthy = f"liveness failed {spec.failures} times in a row ({answer.detail})"
+    st.say(f"{u.name}: {u.unhealthy}: stopping it")
+    stop_unhealthy(u.child, u.spec.stop.signal, u.spec.stop.grace)
+
+
 def maybe_up(st: StackState) -> None:
     """Once every service is ready (at once when there are none), the stack is up
     and its task units take calls."""
-    if st.phase == "starting" and all(x.state is UnitState.READY for x in st.units.values()):
+    if st.phase == "starting" and all(x.settled() for x in st.units.values()):
         st.phase = "running"
         st.up_at = time.monotonic()
         st.draw()
@@ -88,6 +150,7 @@ def maybe_up(st: StackState) -> None:
             f"stack {st.name} is up ({n} units, {took:.2f}s); "
             f"hold ps {st.name} / hold down {st.name}"
         )
+        tell_systemd("READY=1", f"STATUS=stack {st.name} is up")
         if st.on_ready is not None:
             st.on_ready()
 
@@ -112,15 +175,19 @@ def on_exit(st: StackState, u: Unit) -> None:
     code = u.child.poll()
     if code is None:
         return
+    u.stop_watching()
     u.returncode = code
     advance(u, UnitState.EXITED)
     why = f"exited with {status_text(code)}"
+    if u.unhealthy:
+        why = f"{u.unhealthy}; stopped: {why}"
     st.say(f"{u.name}: {why} after {time.monotonic() - u.spawned_at:.2f}s")
-    _after_end(st, u, failed=code != 0, code=UNIT_FAILED, why=why)
+    _after_end(st, u, failed=code != 0 or bool(u.unhealthy), code=UNIT_FAILED, why=why)
+    u.unhealthy = ""
 
 
 def _after_end(st: StackState, u: Unit, *, failed: bool, code: int, why: str) -> None:
-    """Restart per policy (after stopping what it left), or stop the stack."""
+    """Restart per policy (after stopping what it left), or end it for good."""
     r = u.spec.restart
     up_for = time.monotonic() - u.ready_at if u.ready_at is not None else 0.0
     if u.ready_at is not None and up_for >= r.reset_after:
@@ -139,8 +206,29 @@ def _after_end(st: StackState, u: Unit, *, failed: bool, code: int, why: str) ->
         how = "not restarted" + (f" (restart policy {r.policy})" if r.policy != "no" else "")
     else:
         how = f"restarts exhausted ({u.restarts} of {r.max} in a row)"
-    status = code if failed else OK
-    fail(st, Cause("unit", f"unit {u.name} {why}; {how}: stopping the stack", status), u)
+    # A service is meant to run until the stack stops: one that ends for good,
+    # even with status 0, is a failure of the stack (never exit 0 for it).
+    status = code if failed else UNIT_FAILED
+    _end_for_good(
+        st,
+        u,
+        Cause("unit", f"unit {u.name} {why}; {how}: stopping the stack", status),
+        f"{why}; {how}",
+    )
+
+
+def _end_for_good(st: StackState, u: Unit, cause: Cause, why: str) -> None:
+    """An essential unit's end stops the stack; another's is told, and what waits
+    on it is skipped."""
+    u.final = True
+    if u.spec.essential:
+        fail(st, cause, u)
+        return
+    st.say(f"{u.name}: {why}; not essential: the stack goes on without it")
+    if u.tree is not None and u.job is None:
+        launch(st, u, _clean_job, delay=0.0)  # what it left is stopped; no restart follows
+    launch_starts(st)
+    maybe_up(st)
 
 
 def _clean_job(st: StackState, u: Unit, delay: float) -> None:
@@ -170,5 +258,5 @@ def _on_cleaned(st: StackState, u: Unit, payload: tuple[StopReport | None, float
             u,
         )
         return
-    if st.cause is None:
+    if st.cause is None and not u.final:
         u.restart_at = time.monotonic() + delay

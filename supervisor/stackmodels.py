@@ -236,8 +236,9 @@ class LivenessSpec(_Strict):
 
     def as_probe(self) -> ReadySpec:
         """The same check as a readiness probe (one probe engine for both)."""
-        return ReadySpec.model_validate(
-            {self.kind: getattr(self, self.kind), "timeout": f"{self.timeout}s"}
+        # Validated already, as this model's fields: no second reading.
+        return ReadySpec.model_construct(
+            **{self.kind: getattr(self, self.kind), "timeout": self.timeout}
         )
 
 

@@ -21,10 +21,12 @@ from typing import Any
 from supervisor import readiness
 from supervisor.environ import minimal_env
 from supervisor.exitcodes import TOOL, USAGE
+from supervisor.notify import NotifyProbe, NotifySocket
 from supervisor.output import LineReader
 from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_update, write_atomic
+from supervisor.scratch import Scratch, ScratchError, default_root, sweep
 from supervisor.spawn import Child, SpawnError, resolve, spawn
-from supervisor.stackfile import fill, filled_env
+from supervisor.stackfile import ReadySpec, fill, filled_env
 from supervisor.stackstate import StackError, StackState
 from supervisor.task import CallResult, TaskRunner
 from supervisor.unitlog import RotatingLog
@@ -99,24 +101,59 @@ def check_ports(st: StackState) -> None:
 
 
 def assign(st: StackState) -> None:
-    """Ports picked, then each unit's command, environment and probe filled in;
-    :class:`StackError` for every command that is not found."""
+    """Ports picked, then each unit's working directory, scratch, command,
+    environment and probe filled in; :class:`StackError` for every command that is
+    not found and every scratch that cannot be made."""
     st.ports = _pick_ports(st)
     errors: list[str] = []
     code = USAGE
-    for u in st.every():  # services, then task units
-        f = functools.partial(fill, unit=u.name, ports=st.ports, run_dir=st.run_dir)
-        u.argv = tuple(f(a) for a in u.spec.cmd)
-        u.env = env_of(st, u)
+    for u in st.every():  # services and one-shots, then task units
         try:
-            resolve(u.argv[0], u.env.get("PATH"))
+            _assign_unit(st, u)
         except SpawnError as e:
             errors.append(f"{st.where(u.name, 'cmd')}: {e}")
             code = e.exit_code
-        if isinstance(u, Unit):
-            u.probe = _probe_of(u, f)
+        except ScratchError as e:
+            errors.append(f"{st.where(u.name, 'scratch')}: {e}")
     if errors:
         raise StackError(errors, code)
+
+
+def _assign_unit(st: StackState, u: Unit | TaskUnit) -> None:
+    spec = u.spec
+    if spec.scratch is not None and isinstance(u, Unit):
+        root = st.scratch_root or default_root()
+        sweep(root)  # what killed runs left
+        u.scratch = Scratch(root, keep=spec.scratch.keep, min_free=spec.scratch.min_free)
+    f = functools.partial(
+        fill,
+        unit=u.name,
+        ports=st.ports,
+        run_dir=st.run_dir,
+        stack_dir=st.spec.stack_dir,
+        scratch=u.scratch.path if isinstance(u, Unit) and u.scratch else "",
+    )
+    u.cwd = os.path.join(st.spec.stack_dir, f(spec.cwd or "."))
+    u.argv = tuple(f(a) for a in spec.cmd)
+    if isinstance(u, Unit) and spec.ready is not None and spec.ready.notify:
+        u.notify = NotifySocket(_notify_path(st, u))
+    u.env = env_of(st, u)
+    resolve(u.argv[0], u.env.get("PATH"), u.cwd)
+    if isinstance(u, Unit):
+        u.probe = probe_of(u, spec.ready, f)
+
+
+def _notify_path(st: StackState, u: Unit) -> str:
+    """The unit's NOTIFY_SOCKET: in the run directory if the path fits a socket
+    address (108 bytes), else an abstract name (the sender's pid is checked anyway)."""
+    path = os.path.join(st.run_dir, f"notify-{u.name}.sock")
+    if len(path.encode()) < 100:
+        try:
+            os.unlink(path)  # a stale socket of ours from a killed run
+        except FileNotFoundError:
+            pass
+        return path
+    return f"\0hold-notify-{u.tree_id}"
 
 
 def _pick_ports(st: StackState) -> dict[str, int]:
@@ -137,9 +174,9 @@ def _pick_ports(st: StackState) -> dict[str, int]:
     return ports
 
 
-def _probe_of(u: Unit, f: Callable[[str], str]) -> readiness.Probe | None:
-    """The unit's readiness probe, its placeholders filled by ``f``."""
-    r = u.spec.ready
+def probe_of(u: Unit, r: ReadySpec | None, f: Callable[[str], str]) -> readiness.Probe | None:
+    """The unit's probe for ``r`` (readiness, or liveness as a ReadySpec), its
+    placeholders filled by ``f``."""
     if r is None:
         return None
     if r.http is not None:
@@ -152,20 +189,27 @@ def _probe_of(u: Unit, f: Callable[[str], str]) -> readiness.Probe | None:
     if r.log is not None:
         return readiness.LogProbe(r.log)
     if r.file is not None:
-        return readiness.FileProbe(f(r.file))
+        return readiness.FileProbe(os.path.join(u.cwd or "/", f(r.file)))
     if r.exec is not None:
         return readiness.ExecProbe(tuple(f(a) for a in r.exec), _probe_starter(u))
+    if r.notify and u.notify is not None:
+        return NotifyProbe(u.notify)
     return None
 
 
 def env_of(st: StackState, u: Unit | TaskUnit) -> dict[str, str]:
     """The unit's whole environment: minimal, its ``env``, the caller's, its names."""
+    scratch = u.scratch.path if isinstance(u, Unit) and u.scratch is not None else ""
     extra = {
-        **filled_env(u.spec, u.name, st.ports, st.run_dir),
+        **filled_env(u.spec, u.name, st.ports, st.run_dir, st.spec.stack_dir, scratch),
         **st.extra_env,
         "HOLD_STACK": st.name,
         "HOLD_UNIT": u.name,
     }
+    if scratch:
+        extra["HOLD_SCRATCH"] = scratch
+    if isinstance(u, Unit) and u.notify is not None:
+        extra["NOTIFY_SOCKET"] = u.notify.path.replace("\0", "@", 1)
     return minimal_env(st.environ, tree_id=u.tree_id, pass_names=u.spec.pass_env, extra=extra)
 
 
@@ -184,6 +228,7 @@ def _probe_starter(u: Unit) -> Callable[[tuple[str, ...]], Child]:
                 stdout=devnull,
                 stderr=devnull,
                 cgroup=u.leaf,
+                cwd=u.cwd,
             )
         finally:
             os.close(devnull)
@@ -272,6 +317,7 @@ def open_tasks(st: StackState) -> None:
             leaf=t.leaf,
             log=log,
             on_end=functools.partial(_on_call_end, st),
+            cwd=t.cwd,
         )
 
 
@@ -314,10 +360,28 @@ def remove_leaves(st: StackState) -> None:
 
 
 def release(st: StackState) -> None:
-    """Let go of the stack's name (its lock) and the logs prepare() opened."""
+    """Let go of the stack's name (its lock), the logs, notify sockets and
+    scratch directories that prepare() made (removed unless kept)."""
     for u in st.every():
         if u.log is not None:
             u.log.close()  # opened by prepare(); closing twice is nothing
+        if isinstance(u, Unit):
+            _let_go_of_files(st, u)
     if st.lock_fd >= 0:
         os.close(st.lock_fd)  # the flock goes with it
         st.lock_fd = -1
+
+
+def _let_go_of_files(st: StackState, u: Unit) -> None:
+    if u.notify is not None:
+        u.notify.close()
+        u.notify = None
+    scratch, u.scratch = u.scratch, None
+    if scratch is None:
+        return
+    if scratch.keep:
+        st.say(f"{u.name}: scratch kept: {scratch.keep_it()}")
+        return
+    report = scratch.remove()
+    if not report.clean:
+        st.say(f"{u.name}: {report.describe()}")

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor import readiness
-from supervisor.exitcodes import NOT_READY, UNIT_FAILED
+from supervisor.exitcodes import NOT_READY, SURVIVORS, UNIT_FAILED
+from supervisor.notify import NotifyProbe
 from supervisor.spawn import Child, SpawnError, owned_pids, spawn
 from supervisor.stackstate import StackState
 from supervisor.states import UnitState, advance
+from supervisor.stop import stop_tree
 from supervisor.tree import Tree
 from supervisor.units import Unit, drain, peek_exit, status_text
 
@@ -27,14 +29,48 @@ Outcome = tuple[str, int, str]  # ("ready" | "failed" | "aborted", exit status, 
 
 
 def launch_starts(st: StackState) -> None:
-    """Start every waiting unit whose dependencies are all ready."""
-    if st.cause is not None:
-        return
-    for u in st.units.values():
-        if u.state is not UnitState.WAITING:
+    """Start every waiting unit whose conditions are all met; skip the ones whose
+    conditions never can be (a dependency failed for good): an essential one that
+    is skipped stops the stack."""
+    changed = True
+    while changed and st.cause is None:
+        changed = False
+        for u in st.units.values():
+            # A job already given (its thread has not moved the state yet) is not
+            # given again: one start per unit.
+            if u.state is not UnitState.WAITING or u.job is not None:
+                continue
+            verdict, why = _conditions(st, u)
+            if verdict == "go":
+                launch(st, u, start_job, restart=False)
+            elif verdict == "never":
+                advance(u, UnitState.SKIPPED)
+                u.detail = why
+                changed = True  # what waits on it may now be skipped too
+                if u.spec.essential:
+                    st.post("skipped", u, why)
+                else:
+                    st.say(f"{u.name}: not started: {why} (not essential: the stack goes on)")
+
+
+def _conditions(st: StackState, u: Unit) -> tuple[str, str]:
+    """``go``, ``wait`` or ``never`` for ``u``'s ``after`` conditions, and why."""
+    verdict = "go"
+    for name in u.spec.after:
+        dep = st.units[name]
+        cond = st.spec.condition(u.name, name)
+        if cond == "started":
+            met = dep.spawned_once
+        elif cond == "completed":
+            met = dep.state is UnitState.COMPLETED
+        else:
+            met = dep.state is UnitState.READY
+        if met:
             continue
-        if all(st.units[d].state is UnitState.READY for d in u.spec.after):
-            launch(st, u, start_job, restart=False)
+        if dep.state is UnitState.SKIPPED or dep.final:
+            return "never", f"{name} {dep.state} ({cond} was needed)"
+        verdict = "wait"
+    return verdict, ""
 
 
 def launch(st: StackState, u: Unit, target: Callable[..., None], **kw: Any) -> None:
@@ -57,7 +93,7 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
     """In a job: spawn the unit, tell the guardian its root, wait until it is ready."""
     if st.abort.is_set():
         return ("aborted", 0, "")
-    if isinstance(u.probe, readiness.LogProbe):
+    if isinstance(u.probe, (readiness.LogProbe, NotifyProbe)):
         u.probe.reset()
     drain(u.wake_r)
     advance(u, UnitState.STARTING)
@@ -75,6 +111,7 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
             stdout=u.out_w,
             stderr=u.out_w,
             cgroup=u.leaf,
+            cwd=u.cwd,
         )
     except SpawnError as e:
         return ("failed", UNIT_FAILED, str(e))
@@ -88,7 +125,39 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
             st.on_started(u.name, u.tree)
         except Exception as e:
             st.post("say", f"{u.name}: could not tell the guardian: {e}")
+    if u.spec.kind == "oneshot":
+        return _wait_done(st, u, child, u.tree)
     return _wait_ready(st, u, child, u.tree)
+
+
+def _wait_done(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
+    """A oneshot: wait until it exits (within ``timeout``, if it has one); then what
+    it left is stopped. ``completed`` on status 0, else ``failed``."""
+    limit = u.spec.timeout
+    deadline = None if limit is None else u.spawned_at + limit
+    poller = select.poll()
+    poller.register(child.pidfd, select.POLLIN)
+    poller.register(u.wake_r, select.POLLIN)
+    while peek_exit(child) is None:
+        if st.abort.is_set():
+            return ("aborted", 0, "")
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        poller.poll(None if left is None else left * 1000)
+        drain(u.wake_r)
+    code = peek_exit(child)
+    took = time.monotonic() - u.spawned_at
+    tree.owned = owned_pids()
+    report = stop_tree(tree, sig=u.spec.stop.signal, grace=u.spec.stop.grace)
+    if report.survivors:
+        return ("failed", SURVIVORS, f"processes it left survived their stop: {report.summary()}")
+    left_note = f"; stopped what it left: {report.summary()}" if report.stopped else ""
+    if code is None:
+        return ("failed", UNIT_FAILED, f"did not complete within {limit:g}s; stopped{left_note}")
+    if code != 0:
+        return ("failed", UNIT_FAILED, f"exited with {status_text(code)} after {took:.2f}s")
+    return ("completed", 0, f"exited with status 0 after {took:.2f}s{left_note}")
 
 
 def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:

@@ -61,7 +61,8 @@ class StackState:
     ``env`` (the ticket's variables). ``extra``: descriptors to watch, each
     with a function that may return a :class:`Cause` to stop. ``run_for``:
     stop this long after the stack is up. ``on_ready``: called once, when
-    every unit is first ready.
+    every unit is first ready. ``scratch_root``: where units' scratch
+    directories are made (None: :func:`supervisor.scratch.default_root`).
 
     Written by the main thread only, except where a unit's job owns its unit
     (see :mod:`supervisor.stack`); workers talk back through :meth:`post`.
@@ -82,6 +83,7 @@ class StackState:
         run_for: float | None = None,
         on_ready: Callable[[], None] | None = None,
         source: str = "",
+        scratch_root: str | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -96,8 +98,9 @@ class StackState:
         self.run_for = run_for
         self.on_ready = on_ready
         self.source = source or spec.path
-        # Services are started and supervised; task units run per call.
-        self.order = [n for n in spec.order() if spec.units[n].kind == "service"]
+        self.scratch_root = scratch_root
+        # Services and one-shots are started by the stack; task units run per call.
+        self.order = spec.services()
         self.units = {n: Unit(n, spec.units[n]) for n in self.order}
         self.tasks = {n: TaskUnit(n, u) for n, u in spec.units.items() if u.kind == "task"}
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()

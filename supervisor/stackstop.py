@@ -18,6 +18,7 @@ import time
 from supervisor import readiness
 from supervisor.cause import Cause
 from supervisor.exitcodes import SURVIVORS, TOOL
+from supervisor.notify import tell_systemd
 from supervisor.safefile import UnsafePath
 from supervisor.spawn import owned_pids
 from supervisor.stackplan import remove_leaves, write_record
@@ -34,7 +35,9 @@ def stop_all(st: StackState) -> StackResult:
     """Stop everything the stack started; the result, with every report and survivor."""
     cause = st.cause or Cause("internal", "stopped", TOOL)
     st.abort.set()
+    tell_systemd("STOPPING=1")
     for u in st.units.values():
+        u.stop_watching()
         u.wake()
         if isinstance(u.probe, readiness.ExecProbe):
             u.probe.abort()

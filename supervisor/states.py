@@ -15,6 +15,11 @@ exited or backing-off unit to ``restarting``, then ``starting``. When the
 stack stops, every unit that was ever spawned goes to ``stopping``, then
 ``stopped`` or ``survived`` (its process outlived the stop): the two ends.
 
+A one-shot unit (``kind: oneshot``) goes ``waiting -> starting`` and then
+``completed`` (exited 0, what it left stopped) or ``failed``. A unit whose
+dependency can no longer be met (it failed for good and was not essential)
+goes from ``waiting`` to ``skipped`` and is never started.
+
 A call: ``queued -> running -> stopping -> done``; any of them may end
 (``done``) at once on a refusal, a failed spawn or an internal error.
 """
@@ -41,14 +46,16 @@ class UnitState(StrEnum):
     STOPPING = "stopping"  # the stack is stopping it
     STOPPED = "stopped"  # stopped, nothing of it left
     SURVIVED = "survived"  # stopped, but its process is still there
+    COMPLETED = "completed"  # a oneshot that exited 0 (what it left was stopped)
+    SKIPPED = "skipped"  # never started: a dependency failed for good
 
 
 U = UnitState
 
 UNIT_TRANSITIONS: Mapping[UnitState, frozenset[UnitState]] = {
     # An internal error in the start job before it spawned also fails the unit.
-    U.WAITING: frozenset({U.STARTING, U.FAILED}),
-    U.STARTING: frozenset({U.READY, U.FAILED, U.STOPPING}),
+    U.WAITING: frozenset({U.STARTING, U.FAILED, U.SKIPPED}),
+    U.STARTING: frozenset({U.READY, U.COMPLETED, U.FAILED, U.STOPPING}),
     U.READY: frozenset({U.EXITED, U.RESTARTING, U.STOPPING}),
     U.FAILED: frozenset({U.BACKOFF, U.STOPPING}),
     U.EXITED: frozenset({U.BACKOFF, U.RESTARTING, U.STOPPING}),
@@ -58,6 +65,8 @@ UNIT_TRANSITIONS: Mapping[UnitState, frozenset[UnitState]] = {
     U.STOPPING: frozenset({U.STOPPED, U.SURVIVED}),
     U.STOPPED: frozenset(),
     U.SURVIVED: frozenset(),
+    U.COMPLETED: frozenset({U.STOPPING}),
+    U.SKIPPED: frozenset(),
 }
 
 del U

@@ -72,6 +72,7 @@ class TaskRunner:
     call gets its own; None to find calls by walking /proc (the caller is
     then expected to be a child subreaper). ``log``: where each call's record
     goes (one JSON line). ``on_end``: told each result (in the call's thread).
+    ``cwd``: each call's working directory.
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class TaskRunner:
         leaf: Leaf | None = None,
         log: RotatingLog | None = None,
         on_end: Callable[[CallResult], None] | None = None,
+        cwd: str | None = None,
     ) -> None:
         if spec.kind != "task":
             raise ValueError(f"unit {name} is a {spec.kind}, not a task")
@@ -101,9 +103,8 @@ class TaskRunner:
         self.calls_base = Hierarchy(leaf.path) if leaf is not None else None
         self.log = log
         self.on_end = on_end
-        self._launch = Launch(
-            name, self.argv, self.env, self.cpus, self.timeout, spec.stop.signal, spec.stop.grace
-        )
+        sig, grace = spec.stop.signal, spec.stop.grace
+        self._launch = Launch(name, self.argv, self.env, self.cpus, self.timeout, sig, grace, cwd)
         self._slots = Slots(self.concurrency)
         self._calls: dict[str, Call] = {}
         self._lock = threading.Lock()

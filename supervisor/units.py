@@ -13,7 +13,10 @@ from typing import Any
 
 from supervisor import readiness
 from supervisor.cgroup import Leaf
+from supervisor.liveness import Liveness
+from supervisor.notify import NotifySocket
 from supervisor.parse import format_cpus
+from supervisor.scratch import Scratch
 from supervisor.spawn import Child
 from supervisor.stackfile import UnitSpec
 from supervisor.states import UnitState
@@ -55,6 +58,14 @@ class Unit:
         self.wake_r = self.wake_w = -1
         self.reader: threading.Thread | None = None
         self.reader_stop = threading.Event()
+        self.cwd: str | None = None  # absolute, filled at prepare
+        self.scratch: Scratch | None = None
+        self.notify: NotifySocket | None = None
+        self.spawned_once = False  # "started" for what waits on it
+        self.final = False  # ended for good (no restart left); only a non-essential one stays
+        self.liveness: Liveness | None = None
+        self.live = ""  # the liveness check's last word, for ps
+        self.unhealthy = ""  # why liveness stopped it (its exit then is a failure)
 
     @property
     def pid(self) -> int | None:
@@ -74,17 +85,38 @@ class Unit:
         )
         return {
             "unit": self.name,
+            "kind": self.spec.kind,
+            "essential": self.spec.essential,
             "state": self.state,
             "pid": self.pid,
             "port": self.port,
             "restarts": self.total_restarts,
             "uptime": round(now - since, 3) if self.pid is not None and since else None,
             "cpus": format_cpus(self.spec.cpus) if self.spec.cpus else "",
-            "ready": self.spec.ready.describe() if self.spec.ready else "at start",
+            "ready": self._ready_text(),
+            "liveness": self.live,
             "detail": self.detail,
             "last_line": self.last_line,
             "tree": self.tree_id,
         }
+
+    def stop_watching(self) -> None:
+        """No more liveness checks of the unit's current process."""
+        watcher, self.liveness = self.liveness, None
+        if watcher is not None:
+            watcher.close()
+
+    def _ready_text(self) -> str:
+        if self.spec.kind == "oneshot":
+            return "when it exits 0"
+        return self.spec.ready.describe() if self.spec.ready else "at start"
+
+    def settled(self) -> bool:
+        """Nothing more to wait for at start: ready, completed, or (not essential)
+        ended for good or skipped."""
+        if self.state in (UnitState.READY, UnitState.COMPLETED):
+            return True
+        return not self.spec.essential and (self.final or self.state is UnitState.SKIPPED)
 
     def row(self, now: float) -> list[str]:
         """The unit's row in the live table while the stack starts."""
@@ -118,6 +150,7 @@ class TaskUnit:
         self.env: dict[str, str] = {}
         self.log: RotatingLog | None = None  # opened at prepare, handed to the runner
         self.runner: TaskRunner | None = None
+        self.cwd: str | None = None  # absolute, filled at prepare
 
 
 def status_text(code: int | None) -> str:

@@ -23,7 +23,11 @@ from supervisor.states import (
 )
 
 TABLES: list[tuple[Any, Any, Any]] = [
-    (UNIT_TRANSITIONS, UnitState.WAITING, {UnitState.STOPPED, UnitState.SURVIVED}),
+    (
+        UNIT_TRANSITIONS,
+        UnitState.WAITING,
+        {UnitState.STOPPED, UnitState.SURVIVED, UnitState.SKIPPED},
+    ),
     (CALL_TRANSITIONS, CallState.QUEUED, {CallState.DONE}),
 ]
 
@@ -64,7 +68,13 @@ def test_terminal_states_have_no_way_out(table, start, ends) -> None:
 def test_every_spawned_unit_can_be_stopped() -> None:
     """The stack's stop takes any unit that was spawned to stopping, whatever it was doing."""
     for s in UnitState:
-        if s in (UnitState.WAITING, UnitState.STOPPING, UnitState.STOPPED, UnitState.SURVIVED):
+        if s in (
+            UnitState.WAITING,
+            UnitState.STOPPING,
+            UnitState.STOPPED,
+            UnitState.SURVIVED,
+            UnitState.SKIPPED,  # never spawned
+        ):
             continue
         assert UnitState.STOPPING in UNIT_TRANSITIONS[s], s
     assert UNIT_TRANSITIONS[UnitState.STOPPING] == {UnitState.STOPPED, UnitState.SURVIVED}
@@ -82,6 +92,8 @@ def test_the_names_are_the_strings_shown() -> None:
         "stopping",
         "stopped",
         "survived",
+        "completed",
+        "skipped",
     ]
     assert [s.value for s in CallState] == ["queued", "running", "stopping", "done"]
     assert UnitState.READY == "ready"
