@@ -45,6 +45,7 @@ def handle_events(st: StackState) -> None:
             port = f", port {u.port}" if u.port is not None else ""
             cpus = f", cpus {format_cpus(u.spec.cpus)}" if u.spec.cpus else ""
             st.say(f"{u.name}: started, pid {u.pid}{port}{cpus}")
+            launch_starts(st)  # what waits for it to be started
         elif kind == "result":
             _on_result(st, *ev[1:])
         elif kind == "skipped":

@@ -287,3 +287,26 @@ def test_scratch_min_free_refuses_before_anything_starts(tmp_path: Path) -> None
     assert res.returncode == 2, res.stderr
     assert "units.a.scratch: scratch: " in res.stderr and "required (min_free)" in res.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_serving_example_runs_from_anywhere(tmp_path: Path) -> None:
+    """units/serving-stack.yaml: a one-shot, conditions, liveness and the default cwd."""
+    example = Path(__file__).resolve().parent.parent / "units" / "serving-stack.yaml"
+    valid = hold("validate", str(example), cwd=tmp_path)
+    assert valid.returncode == 0, valid.stderr
+    res = hold("up", "--for", "500ms", str(example), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    err = res.stderr
+    for line in (
+        "prepare: completed (exited with status 0",
+        "model: ready after",
+        "predictor: ready after",
+        "stack serving is up (4 units",
+        "survivor check empty",
+    ):
+        assert line in err, err
+    # ticker waits only for model to be started; predictor for it to be ready.
+    assert err.index("ticker: started") < err.index("model: ready")
+    assert err.index("model: ready") < err.index("predictor: started")
+    # prepare's scratch was removed with the stack.
+    assert list((tmp_path / "cache" / "hold" / "scratch").iterdir()) == []
