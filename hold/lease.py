@@ -7,7 +7,7 @@ Shared by ``hold run``/``npu-hold`` (:mod:`hold.runcmd`) and ``hold up``
 Exit statuses it returns: :data:`BUSY` (75: taken, or not granted within the
 wait timeout), :data:`TOOL` (125: the daemon is gone), or the daemon's own
 refusal code. A holder whose lease ``hold release`` ended exits
-:data:`RELEASED`, whatever its command made of the polite signal.
+:data:`~supervisor.exitcodes.RELEASED` (6), whatever its command made of the polite signal.
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ if TYPE_CHECKING:
     from hold.waitline import WaitLine
 
 DEFAULT_TTL = 24 * 3600.0  # a lease without -t; shown by `hold status`
-# `npu-hold` / `hold run -d` whose lease was ended by `hold release`: the command
-# was stopped (as at the time limit, 124, its own status would not say so: a
-# command that exits 0 on SIGTERM would look done). Belongs in
-# supervisor/exitcodes.py's table.
-RELEASED = 6
 
 
 class Granted(NamedTuple):

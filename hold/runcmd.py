@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from hold.lease import DEFAULT_TTL, RELEASED, acquire_lease, daemon_event
+from hold.lease import DEFAULT_TTL, acquire_lease, daemon_event
 from hold.runargs import RunArgs, UsageError, help_text, parse_run_args, usage_for
 from supervisor import exitcodes
 from supervisor.parse import BadValue
@@ -252,7 +252,7 @@ class Run:
         if kind == "lost" and not report.survivors:
             return exitcodes.TOOL
         if kind == "released" and not report.survivors:
-            return RELEASED
+            return exitcodes.RELEASED
         return result.exit_code
 
     # ------------------------------------------------------------------ lease

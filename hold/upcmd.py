@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hold.stackdir import load_checked, open_sd, run_dir_of, say
-from supervisor.exitcodes import EXPIRED, OK, TOOL, USAGE, signalled
+from supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
 from supervisor.parse import BadValue
 
 if TYPE_CHECKING:
@@ -311,7 +311,7 @@ class StackRun:
         if ev is None:
             return None
         kind, detail = ev
-        code = {"expired": EXPIRED, "released": OK}.get(kind, TOOL)
+        code = {"expired": EXPIRED, "released": RELEASED}.get(kind, TOOL)
         return Cause(kind, detail, code)
 
 

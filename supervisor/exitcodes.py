@@ -14,6 +14,10 @@ USAGE = 2  # usage or configuration error, refusal before anything started
 SURVIVORS = 3  # survivors remained after a stop
 UNIT_FAILED = 4  # a unit failed to start (or ended with no restart left)
 NOT_READY = 5  # a unit never became ready
+# A lease ended by `hold release`: the command (or stack) was stopped. Not the
+# command's own status: one that exits 0 on SIGTERM would look done (as 124
+# for the time limit).
+RELEASED = 6
 BUSY = 75  # the device or every slot is taken, and the caller would not wait (EX_TEMPFAIL)
 EXPIRED = 124  # time limit reached, as timeout(1)
 TOOL = 125  # the tool itself failed

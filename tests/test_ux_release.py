@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, alive, wait_for
 
-from hold.lease import RELEASED
 from hold.tokens import read_record
+from supervisor.exitcodes import RELEASED
 
 BIN = Path(sys.executable).parent
 NPU_HOLD = str(BIN / "npu-hold")
