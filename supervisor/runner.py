@@ -10,23 +10,55 @@ kill, the survivor check) before it makes the :class:`CallResult`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import time
+from typing import TYPE_CHECKING
 
 from supervisor import procscan
 from supervisor.calls import CALL_MARKER, Call, CallResult, CallTree, Launch, exit_code
 from supervisor.cgroup import Leaf
+from supervisor.exitcodes import USAGE
 from supervisor.parked import Parked
 from supervisor.pipes import Pipes, Sink, drain, write_some
+from supervisor.scratch import Scratch, ScratchError, default_root, sweep
 from supervisor.spawn import Child, SpawnError, owned_pids, read_cpus_allowed, spawn
 from supervisor.states import CallState, advance_call
 from supervisor.stop import stop_tree
 from supervisor.tree import Tree
 
+if TYPE_CHECKING:
+    from supervisor.stackmodels import ScratchSpec
+
 STDOUT_LIMIT = 1 << 20  # bytes of stdout kept per call
 STDERR_TAIL = 64 << 10  # bytes of stderr kept per call (the last ones)
 _DRAIN_AFTER_STOP = 1.0  # seconds to read what is left in the pipes once the tree is gone
+
+
+def run_in_scratch(
+    launch: Launch, call: Call, leaf: Leaf | None, queued: float, spec: ScratchSpec
+) -> CallResult:
+    """:func:`run_cold` with a fresh scratch directory for this call (``HOLD_SCRATCH``),
+    removed once the call's tree is stopped (unless kept). A parked stub is never
+    used for such a task: its environment is fixed before the call is known."""
+    root = default_root()
+    sweep(root)  # what killed runs left
+    try:
+        scratch = Scratch(root, keep=spec.keep, min_free=spec.min_free)
+    except (ScratchError, OSError) as e:
+        return call.failed(USAGE, f"scratch: {e}", queued)
+    with scratch:
+        env = {**launch.env, "HOLD_SCRATCH": scratch.path}
+        result = run_cold(dataclasses.replace(launch, env=env), call, leaf, queued)
+    note = f"scratch kept: {scratch.path}" if spec.keep else ""
+    if scratch.report is not None and not scratch.report.clean:
+        note = scratch.report.describe()
+    if note:
+        result = dataclasses.replace(
+            result, detail="; ".join(x for x in (result.detail, note) if x)
+        )
+    return result
 
 
 def run_cold(launch: Launch, call: Call, leaf: Leaf | None, queued: float) -> CallResult:

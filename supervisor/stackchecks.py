@@ -251,6 +251,8 @@ def _use_problem(
         return None
     if use.name == "port" and unit.get("port") is None:
         return f"{{port}} used, but unit {name} has no port (add port: auto or a number)"
+    if use.name == "scratch" and unit.get("kind") == "task":
+        return "a task's scratch is each call's own: use $HOLD_SCRATCH, not {scratch}"
     if use.name == "scratch" and unit.get("scratch") in (None, False):
         return f"{{scratch}} used, but unit {name} has no scratch (add scratch: {{}})"
     if use.name in placeholders.SIMPLE:

@@ -17,15 +17,12 @@ supervisor can use one directly, without any daemon::
         call = runner.submit({"iterations": 10})      # or a handle:
         call.cancel()                                 #   stopped at once
 
-What a call gets, and when -- arguments checked before anything starts, at
-most ``concurrency`` at once (FIFO), isolation from the first instruction, a
-parked stub, the timeout, cancellation, the result and its record -- is said
-in :mod:`supervisor.calls` (its handle and result); how its process runs, in
-:mod:`supervisor.runner`.
+What a call gets, and when (arguments checked first, ``concurrency`` at once,
+FIFO, a parked stub, timeout, cancel, result, record) is said in
+:mod:`supervisor.calls`; how its process runs (and its scratch), in :mod:`supervisor.runner`.
 
-Threads: each call has one thread that owns everything of it (its child, its
-pipes, its leaf); :meth:`TaskRunner.close` cancels every call and joins every
-thread, so no call outlives the runner.
+Threads: each call has one thread that owns all of it (child, pipes, leaf);
+:meth:`TaskRunner.close` cancels and joins them all: no call outlives the runner.
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ from supervisor.environ import minimal_env
 from supervisor.exitcodes import CANCELLED, TOOL
 from supervisor.parked import Parking, drop_leaf
 from supervisor.parse import format_cpus
-from supervisor.runner import STDERR_TAIL, STDOUT_LIMIT, run_cold, run_parked
+from supervisor.runner import STDERR_TAIL, STDOUT_LIMIT, run_cold, run_in_scratch, run_parked
 from supervisor.stackfile import ArgSpec, UnitSpec, fill
 from supervisor.stackfile import load as load_stack
 from supervisor.states import CallState, UnitState
@@ -112,7 +109,8 @@ class TaskRunner:
         self._closed = False
         self._owned_leaf: tuple[Leaf, Hierarchy] | None = None
         self.finished = 0
-        self._stubs = Parking(self._launch, self.calls_base)  # parks in cgroup mode only
+        # Parks in cgroup mode only, and not for a task with a scratch per call.
+        self._stubs = Parking(self._launch, None if spec.scratch else self.calls_base)
         self._stubs.refill()
 
     # ------------------------------------------------------------------ embedding
@@ -350,6 +348,8 @@ class TaskRunner:
             except CgroupUnavailable as e:
                 return call.failed(TOOL, f"cgroups: {e}", queued)
         try:
+            if self.spec.scratch is not None:
+                return run_in_scratch(self._launch, call, leaf, queued, self.spec.scratch)
             return run_cold(self._launch, call, leaf, queued)
         finally:
             drop_leaf(leaf, self.calls_base)

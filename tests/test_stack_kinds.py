@@ -310,3 +310,32 @@ def test_the_serving_example_runs_from_anywhere(tmp_path: Path) -> None:
     assert err.index("model: ready") < err.index("predictor: started")
     # prepare's scratch was removed with the stack.
     assert list((tmp_path / "cache" / "hold" / "scratch").iterdir()) == []
+
+
+def test_a_task_call_gets_its_own_scratch_removed_after_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    cpu = str(sorted(os.sched_getaffinity(0))[-1])
+    path = stack(
+        tmp_path,
+        "  job:\n"
+        "    kind: task\n"
+        f"    cpus: '{cpu}'\n"
+        "    scratch: {}\n"
+        '    cmd: [sh, -c, \'echo "$HOLD_SCRATCH" >> calls.txt; echo x > "$HOLD_SCRATCH/f"; '
+        f'ln -s {victim} "$HOLD_SCRATCH/v"; echo done\']\n',
+    )
+    res = hold("up", "--detach", str(path))
+    assert res.returncode == 0, res.stderr
+    try:
+        for _ in range(2):
+            call = hold("call", "k", "job")
+            assert call.returncode == 0, call.stderr
+    finally:
+        down = hold("down", "k")
+    assert down.returncode == 0, down.stderr
+    first, second = (tmp_path / "calls.txt").read_text().split()
+    assert first != second  # one per call
+    assert not Path(first).exists() and not Path(second).exists()
+    assert (victim / "precious").read_text() == "keep"
