@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from hold.downcmd import main_down, main_restart
+from hold.logscmd import main_logs
 from hold.stackdir import ask, load_checked, open_sd, run_dir_of, say
 from hold.upcmd import main_up
 from supervisor.exitcodes import NO, USAGE
@@ -169,50 +170,3 @@ def _print_stack(s: dict[str, Any]) -> None:
                 ]
             )
         print(_table(rows))
-
-
-# ---------------------------------------------------------------------- logs
-
-
-def main_logs(name: str, unit: str, follow: bool, lines: int | None) -> int:
-    from supervisor.unitlog import follow as follow_log
-    from supervisor.unitlog import tail_lines
-
-    try:
-        sd = open_sd()
-    except BadValue as e:
-        say(str(e), "hold logs")
-        return USAGE
-    run_dir = run_dir_of(sd, name)
-    logs = os.path.join(run_dir, "logs")
-    if not os.path.isdir(logs):
-        say(f"no stack {name!r} has run here (nothing in {os.path.dirname(run_dir)})", "hold logs")
-        return USAGE
-    path = os.path.join(logs, f"{unit}.log")
-    if "/" in unit or not os.path.isfile(path):
-        units = sorted(f[:-4] for f in os.listdir(logs) if f.endswith(".log"))
-        say(f"no unit {unit!r} in stack {name} (units: {', '.join(units)})", "hold logs")
-        return USAGE
-    text, ino, offset = tail_lines(path, lines)
-    for line in text:
-        print(line)
-    sys.stdout.flush()
-    if follow:
-        sock = os.path.join(run_dir, "control.sock")
-
-        def running() -> bool:
-            import socket
-
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                try:
-                    s.connect(sock)
-                except OSError:
-                    return False
-            return True
-
-        try:
-            for line in follow_log(path, ino, offset, keep_going=running):
-                print(line, flush=True)
-        except KeyboardInterrupt:
-            return 0
-    return 0

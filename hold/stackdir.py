@@ -84,3 +84,26 @@ def ask(name: str, msg: dict[str, Any], **kw: Any) -> dict[str, Any] | None:
         return request(sock, msg, **kw)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
+
+
+def known_stacks() -> list[str]:
+    """The stacks that have run here (their directories), for a "did you mean"."""
+    try:
+        base = open_sd().stacks()
+        return sorted(n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n)))
+    except (OSError, BadValue):
+        return []
+
+
+def no_such_stack(name: str, prog: str, *, ever: bool = False) -> None:
+    """Say that no stack ``name`` is running (``ever``: has ever run here), with the
+    closest name of the stacks that exist. The caller returns ``NO`` (exit 1)."""
+    from supervisor.parse import did_you_mean
+
+    others = [n for n in known_stacks() if n != name]
+    if ever:
+        where = os.path.join(open_sd().stacks(), "")
+        text = f"no stack {name!r} has run here (nothing in {where})"
+    else:
+        text = f"stack {name} is not running"
+    say(text + did_you_mean(name, others), prog)

@@ -59,6 +59,7 @@ from supervisor.states import CallState, advance_call
 from supervisor.stop import StopReport, Survivor
 from supervisor.taskargs import args_json
 from supervisor.tree import Tree
+from supervisor.unitlog import stamp
 
 if TYPE_CHECKING:
     from supervisor.task import TaskRunner
@@ -157,9 +158,12 @@ def exit_code(outcome: str, returncode: int | None, survived: bool) -> int:
 
 
 def call_record(r: CallResult) -> str:
-    """The call's line in the unit's log (no stdout or stderr: they may be large or secret)."""
+    """The call's line in the unit's log, one JSON object (no stdout or stderr: they
+    may be large or secret). ``ts`` is the time as the units' logs write it."""
+    now = time.time()
     rec = {
-        "time": round(time.time(), 3),
+        "time": round(now, 3),
+        "ts": stamp(now),
         "call": r.call_id,
         "unit": r.unit,
         "args_sha256": r.args_sha256,
@@ -173,7 +177,14 @@ def call_record(r: CallResult) -> str:
     }
     if r.detail:
         rec["detail"] = r.detail
-    return "call " + json.dumps(rec, sort_keys=True)
+    return json.dumps(rec, sort_keys=True)
+
+
+def run_record(stack: str, pid: int) -> str:
+    """The line a task unit's log gets when a run of the stack begins (no ``call``)."""
+    now = time.time()
+    rec = {"time": round(now, 3), "ts": stamp(now), "run": "begins", "stack": stack, "pid": pid}
+    return json.dumps(rec, sort_keys=True)
 
 
 class Slots:

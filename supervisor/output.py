@@ -60,6 +60,22 @@ class LineReader:
                 continue  # the loop re-checks the deadline
             self._fill()
 
+    def take(self) -> list[str]:
+        """One read of what is there now (never waits) and every line now complete;
+        at end of file, the partial last line too. For a caller that polls several
+        readers itself (stdout and stderr of one child)."""
+        if not self._eof:
+            self._fill()
+        out: list[str] = []
+        while True:
+            try:
+                line = self.readline(0.0)  # a deadline already past: nothing more is read
+            except TimeoutError:
+                return out
+            if line is None:
+                return out
+            out.append(line)
+
     def _fill(self) -> None:
         try:
             chunk = os.read(self.fd, 65536)

@@ -4,7 +4,8 @@ Everything that may refuse comes before anything starts (:func:`prepare`): the
 stack's lock (one run per name), the units' logs, named ports free, auto ports
 picked, commands found, probes built. Then, as the run begins: the environments
 with the ticket's variables, the trees (cgroup leaves, or the subreaper), the output
-pipes with their reader threads, the task runners, the ``stack.json`` record.
+pipes with their reader threads (:mod:`supervisor.unitoutput`), the task runners,
+the ``stack.json`` record.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import fcntl
 import functools
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +22,6 @@ from supervisor import readiness
 from supervisor.environ import minimal_env
 from supervisor.exitcodes import TOOL, USAGE
 from supervisor.notify import NotifyProbe, NotifySocket
-from supervisor.output import LineReader
 from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_update, write_atomic
 from supervisor.scratch import Scratch, ScratchError, default_root, sweep
 from supervisor.spawn import Child, SpawnError, resolve, spawn
@@ -30,6 +29,7 @@ from supervisor.stackfile import ReadySpec, fill, filled_env
 from supervisor.stackstate import StackError, StackState
 from supervisor.task import CallResult, TaskRunner
 from supervisor.unitlog import RotatingLog
+from supervisor.unitoutput import open_outputs as open_outputs  # stackrun's
 from supervisor.units import TaskUnit, Unit
 
 # ---------------------------------------------------------------------- prepare
@@ -261,48 +261,6 @@ def make_trees(st: StackState) -> None:
     except BaseException:
         remove_leaves(st)
         raise
-
-
-def open_outputs(st: StackState) -> None:
-    """Each service's output pipe, with the thread that copies it to the log."""
-    for u in st.units.values():
-        assert u.log is not None  # opened by prepare()
-        u.out_r, u.out_w = os.pipe2(os.O_CLOEXEC)
-        u.wake_r, u.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        u.reader = threading.Thread(
-            target=_read_output, args=(u,), name=f"out-{u.name}", daemon=True
-        )
-        u.reader.start()
-
-
-def _read_output(u: Unit) -> None:
-    """Reader thread: lines to the log, the tail, the log probe; until told to stop."""
-    reader = LineReader(u.out_r)
-    log = u.log
-    assert log is not None
-    probe = u.probe if isinstance(u.probe, readiness.LogProbe) else None
-    draining = False
-    while True:
-        if u.reader_stop.is_set() and not draining:
-            # Told to stop: take what is already in the pipe, then go.
-            draining = True
-        try:
-            line = reader.readline(time.monotonic() + (0.05 if draining else 0.25))
-        except TimeoutError:
-            if draining:
-                return
-            continue
-        if line is None:
-            return
-        try:
-            log.write(line)
-        except OSError:
-            pass
-        u.tail.append(line)
-        u.last_line = line
-        if probe is not None:
-            probe.feed(line)
-        u.wake()
 
 
 def open_tasks(st: StackState) -> None:

@@ -23,6 +23,7 @@ from supervisor.stackstate import StackState
 from supervisor.states import UnitState, advance
 from supervisor.stop import stop_tree
 from supervisor.tree import Tree
+from supervisor.unitoutput import mark, start_note
 from supervisor.units import Unit, drain, peek_exit, status_text
 
 Outcome = tuple[str, int, str]  # ("ready" | "failed" | "aborted", exit status, why)
@@ -96,6 +97,7 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
     if isinstance(u.probe, (readiness.LogProbe, NotifyProbe)):
         u.probe.reset()
     drain(u.wake_r)
+    was, previous = str(u.state), u.returncode
     advance(u, UnitState.STARTING)
     u.detail = ""
     u.returncode = None
@@ -109,7 +111,7 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
             cpus=u.spec.cpus,
             stdin=devnull,
             stdout=u.out_w,
-            stderr=u.out_w,
+            stderr=u.err_w,
             cgroup=u.leaf,
             cwd=u.cwd,
         )
@@ -118,6 +120,7 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
     finally:
         os.close(devnull)
     u.child = child
+    mark(u, start_note(u, was, previous))
     u.tree = Tree(u.tree_id, child.ident, child.pid, child.pid, leaf=u.leaf, owned=owned_pids())
     st.post("spawned", u)
     if st.on_started is not None:

@@ -26,6 +26,7 @@ from supervisor.stackstate import StackResult, StackState
 from supervisor.states import UnitState, advance
 from supervisor.stop import StopReport, Survivor, stop_tree
 from supervisor.tree import Tree
+from supervisor.unitoutput import close_outputs
 from supervisor.units import Unit, reap, reap_if_exited
 
 Reports = list[tuple[str, StopReport]]  # (what was stopped, its report)
@@ -209,10 +210,7 @@ def finish(st: StackState, result: StackResult) -> None:
     for u in st.units.values():
         if u.reader is not None:
             u.reader.join(timeout=2.0)
-        for fd in (u.out_r, u.out_w, u.wake_r, u.wake_w):
-            if fd >= 0:
-                os.close(fd)
-        u.out_r = u.out_w = u.wake_r = u.wake_w = -1
+        close_outputs(u)
         if u.log is not None:
             u.log.close()
         if isinstance(u.probe, readiness.ExecProbe):

@@ -1,5 +1,19 @@
 """A unit's log file: written by the stack, rotated by size, read (and followed) by anyone.
 
+Each line is stamped and tagged with where it came from::
+
+    2026-12-01T17:05:03.123Z out | listening on :8080
+    2026-12-01T17:05:03.124Z err | warning: no GPU visible
+    2026-12-01T17:05:03.120Z --- | api: start (pid 4250), stack demo run by hold up pid 4242
+
+The time is UTC with milliseconds (it sorts as text, so logs merge by a string
+compare), then the stream: ``out`` (stdout), ``err`` (stderr) or ``---`` (a
+line of the stack's own: a run of the stack begins, a unit starts or
+restarts, and which restart). ``grep ' err | '`` finds a unit's stderr,
+``grep ' --- | '`` its runs and restarts. A task unit's log holds JSON lines
+instead (one per call, and one per run of the stack), see
+:mod:`supervisor.calls`.
+
 Rotation renames ``UNIT.log`` to ``UNIT.log.1`` (and ``.1`` to ``.2``, ...)
 once it passes ``max_bytes``, keeping ``keep`` old files, as logrotate would.
 A follower notices the rename (the inode at the path changes, or the file
@@ -15,6 +29,7 @@ Readers do not follow a link at the log's name either.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -22,29 +37,46 @@ from supervisor.safefile import UnsafePath, open_for_append, open_for_read
 
 MAX_BYTES = 10 * 1024 * 1024
 KEEP = 3
+STREAMS = ("out", "err", "---")
+STAMP_LEN = len("2026-12-01T17:05:03.123Z")
+
+
+def stamp(t: float | None = None) -> str:
+    """``t`` (default: now) as the log's time: ``2026-12-01T17:05:03.123Z``."""
+    t = time.time() if t is None else t
+    ms = round(t * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def log_line(stream: str, text: str, t: float | None = None) -> str:
+    """One line of a unit's log: ``STAMP STREAM | TEXT``."""
+    return f"{stamp(t)} {stream} | {text}"
 
 
 class RotatingLog:
-    """Append-only lines, rotated by size. One writer (the unit's reader thread)."""
+    """Append-only lines, rotated by size. Written by the unit's reader thread, and
+    by its job for the lines of the stack's own (a lock keeps lines whole)."""
 
     def __init__(self, path: str, *, max_bytes: int = MAX_BYTES, keep: int = KEEP) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.keep = keep
         self.refused: str | None = None  # why lines are dropped (reopening was refused)
+        self._lock = threading.Lock()
         self._fd = open_for_append(self.path)  # UnsafePath: refused
         self._size = os.fstat(self._fd).st_size
 
     def write(self, line: str) -> None:
-        if self._fd < 0:
-            return  # closed, or the reopening after a rotation was refused
         data = line.encode("utf-8", "replace") + b"\n"
-        if self._size and self._size + len(data) > self.max_bytes:
-            self.rotate()
+        with self._lock:
             if self._fd < 0:
-                return
-        os.write(self._fd, data)
-        self._size += len(data)
+                return  # closed, or the reopening after a rotation was refused
+            if self._size and self._size + len(data) > self.max_bytes:
+                self.rotate()
+                if self._fd < 0:
+                    return
+            os.write(self._fd, data)
+            self._size += len(data)
 
     def rotate(self) -> None:
         os.close(self._fd)
@@ -66,9 +98,10 @@ class RotatingLog:
             self.refused = str(e)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def tail_lines(path: str, n: int | None) -> tuple[list[str], int, int]:
@@ -82,6 +115,38 @@ def tail_lines(path: str, n: int | None) -> tuple[list[str], int, int]:
     return lines, st.st_ino, len(data)
 
 
+class Follower:
+    """Lines appended to ``path`` after ``offset`` (of the file with inode ``ino``),
+    across rotations: each :meth:`poll` returns what came since the last one."""
+
+    def __init__(self, path: str, ino: int, offset: int) -> None:
+        self.path = path
+        self.ino = ino
+        self.offset = offset
+        self._buf = b""
+
+    def poll(self) -> list[str]:
+        try:
+            st = os.lstat(self.path)  # a link at the name is refused by the open below
+        except FileNotFoundError:
+            return []
+        if st.st_ino != self.ino or st.st_size < self.offset:
+            self.ino, self.offset = st.st_ino, 0  # rotated: the new file, from its start
+        if st.st_size <= self.offset:
+            return []
+        with open(open_for_read(self.path, owned=False), "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        self.offset += len(chunk)
+        *whole, self._buf = (self._buf + chunk).split(b"\n")
+        return [line.decode("utf-8", "replace") for line in whole]
+
+    def rest(self) -> list[str]:
+        """A last line that never got its newline."""
+        buf, self._buf = self._buf, b""
+        return [buf.decode("utf-8", "replace")] if buf else []
+
+
 def follow(
     path: str, ino: int, offset: int, *, keep_going: Callable[[], bool], interval: float = 0.2
 ) -> Iterator[str]:
@@ -89,26 +154,11 @@ def follow(
 
     After ``keep_going()`` turns False, what is already written is still returned.
     """
-    buf = b""
+    f = Follower(path, ino, offset)
     while True:
         going = keep_going()
-        try:
-            st = os.lstat(path)  # a link at the name is refused by the open below
-        except FileNotFoundError:
-            st = None
-        if st is not None and (st.st_ino != ino or st.st_size < offset):
-            ino, offset = st.st_ino, 0  # rotated: the new file, from its start
-        if st is not None and st.st_size > offset:
-            with open(open_for_read(path, owned=False), "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            offset += len(chunk)
-            buf += chunk
-            *whole, buf = buf.split(b"\n")
-            for line in whole:
-                yield line.decode("utf-8", "replace")
+        yield from f.poll()
         if not going:
-            if buf:
-                yield buf.decode("utf-8", "replace")
+            yield from f.rest()
             return
         time.sleep(interval)

@@ -54,7 +54,8 @@ class Unit:
         self.restart_at: float | None = None
         self.job: threading.Thread | None = None
         self.log: RotatingLog | None = None
-        self.out_r = self.out_w = -1
+        self.out_r = self.out_w = -1  # stdout's pipe
+        self.err_r = self.err_w = -1  # stderr's pipe
         self.wake_r = self.wake_w = -1
         self.reader: threading.Thread | None = None
         self.reader_stop = threading.Event()

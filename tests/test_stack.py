@@ -420,7 +420,11 @@ def test_detach_ps_logs_restart_down(tmp_path: Path, cgroup_mode: str) -> None:
         assert "model" in ps.stdout and "worker" in ps.stdout and "log READY" in ps.stdout
         assert hold("ps").stdout.splitlines()[1].startswith("t ")
         logs = hold("logs", "t", "worker")
-        assert logs.returncode == 0 and "READY" in logs.stdout.splitlines(), logs.stdout
+        assert logs.returncode == 0, logs.stderr
+        said = [
+            line.split(" out | ", 1)[1] for line in logs.stdout.splitlines() if " out | " in line
+        ]
+        assert "READY" in said, logs.stdout
         assert hold("logs", "t", "nobody").returncode == 2
 
         old = pids(tmp_path)["model"][-1]

@@ -126,8 +126,9 @@ def records(path: Path) -> list[dict[str, object]]:
         return []
     out = []
     for line in path.read_text().splitlines():
-        if line.startswith("call "):
-            out.append(json.loads(line[5:]))
+        rec = json.loads(line)  # the log is JSON lines: a record per call, one per run
+        if "call" in rec:
+            out.append(rec)
     return out
 
 
