@@ -26,12 +26,13 @@ dispositions in the child, and keeps ``hold run``'s start-up cheap.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from supervisor import procscan
 from supervisor.cgroup import Leaf
@@ -246,45 +247,9 @@ def spawn(
     if cwd is not None and not os.path.isdir(cwd):
         raise SpawnError(f"working directory {cwd}: no such directory", 2)
 
-    keep = set(pass_fds)
-    actions: list[tuple[int, ...]] = []
-    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
-        if fd is not None:
-            actions.append((os.POSIX_SPAWN_DUP2, fd, target))
-    # dup2(fd, fd) clears close-on-exec (glibc >= 2.29), which is how a
-    # named descriptor survives the exec at its own number.
-    actions.extend((os.POSIX_SPAWN_DUP2, fd, fd) for fd in pass_fds)
-    actions.extend(close_actions(keep))
-
-    pwd = "PWD" in env
-    if cgroup is not None and cwd is not None:
-        stub = _BOTH_STUB if pwd else _BOTH_STUB_NO_PWD
-        path, args = "/bin/sh", ["sh", "-c", stub, cgroup.procs_file, cwd, *argv]
-    elif cgroup is not None:
-        stub = _CGROUP_STUB if pwd else _CGROUP_STUB_NO_PWD
-        path, args = "/bin/sh", ["sh", "-c", stub, cgroup.procs_file, *argv]
-    elif cwd is not None:
-        stub = _CWD_STUB if pwd else _CWD_STUB_NO_PWD
-        path, args = "/bin/sh", ["sh", "-c", stub, cwd, *argv]
-    else:
-        path, args = program, list(argv)
-
-    saved = os.sched_getaffinity(0) if cpus is not None else None
-    try:
-        if cpus is not None:
-            try:
-                os.sched_setaffinity(0, cpus)  # 0: this thread only
-            except OSError as e:
-                raise SpawnError(f"CPU mask {format_cpus(cpus)}: {e.strerror}", 2) from None
-            # The kernel quietly drops CPUs that are offline or outside our
-            # cpuset and pins to the rest; a mask naming one is refused instead.
-            got = frozenset(os.sched_getaffinity(0))
-            if got != cpus:
-                raise SpawnError(
-                    f"CPU mask {format_cpus(cpus)}: CPU {format_cpus(cpus - got)} "
-                    "may not be used here",
-                    2,
-                )
+    actions = _fd_actions(stdin, stdout, stderr, pass_fds)
+    path, args = _exec_of(program, argv, env, cgroup, cwd)
+    with _pinned(cpus):
         try:
             pid = os.posix_spawn(
                 path,
@@ -301,9 +266,6 @@ def spawn(
             raise SpawnError(f"{argv[0]}: permission denied", NOT_EXECUTABLE) from None
         except OSError as e:
             raise SpawnError(f"{argv[0]}: {e.strerror}", NOT_EXECUTABLE) from None
-    finally:
-        if saved is not None:
-            os.sched_setaffinity(0, saved)
 
     with _owned_lock:
         _owned.add(pid)
@@ -314,6 +276,65 @@ def spawn(
     if cpus is not None:
         _verify_mask(child, cpus)
     return child
+
+
+def _fd_actions(
+    stdin: int | None, stdout: int | None, stderr: int | None, pass_fds: Sequence[int]
+) -> list[tuple[int, ...]]:
+    """The child's descriptors: the three given at 0-2, ``pass_fds`` at their own
+    numbers, every other inheritable one of ours closed."""
+    actions: list[tuple[int, ...]] = []
+    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        if fd is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, fd, target))
+    # dup2(fd, fd) clears close-on-exec (glibc >= 2.29), which is how a
+    # named descriptor survives the exec at its own number.
+    actions.extend((os.POSIX_SPAWN_DUP2, fd, fd) for fd in pass_fds)
+    actions.extend(close_actions(set(pass_fds)))
+    return actions
+
+
+def _exec_of(
+    program: str, argv: Sequence[str], env: Mapping[str, str], cgroup: Leaf | None, cwd: str | None
+) -> tuple[str, list[str]]:
+    """What to exec: the program itself, or the stub that joins the leaf and/or
+    enters the working directory first and then execs it."""
+    pwd = "PWD" in env
+    if cgroup is not None and cwd is not None:
+        stub = _BOTH_STUB if pwd else _BOTH_STUB_NO_PWD
+        return "/bin/sh", ["sh", "-c", stub, cgroup.procs_file, cwd, *argv]
+    if cgroup is not None:
+        stub = _CGROUP_STUB if pwd else _CGROUP_STUB_NO_PWD
+        return "/bin/sh", ["sh", "-c", stub, cgroup.procs_file, *argv]
+    if cwd is not None:
+        stub = _CWD_STUB if pwd else _CWD_STUB_NO_PWD
+        return "/bin/sh", ["sh", "-c", stub, cwd, *argv]
+    return program, list(argv)
+
+
+@contextlib.contextmanager
+def _pinned(cpus: frozenset[int] | None) -> Iterator[None]:
+    """This thread on ``cpus`` (None: as it is) for the spawn, its mask back after."""
+    if cpus is None:
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    try:
+        try:
+            os.sched_setaffinity(0, cpus)  # 0: this thread only
+        except OSError as e:
+            raise SpawnError(f"CPU mask {format_cpus(cpus)}: {e.strerror}", 2) from None
+        # The kernel quietly drops CPUs that are offline or outside our
+        # cpuset and pins to the rest; a mask naming one is refused instead.
+        got = frozenset(os.sched_getaffinity(0))
+        if got != cpus:
+            raise SpawnError(
+                f"CPU mask {format_cpus(cpus)}: CPU {format_cpus(cpus - got)} may not be used here",
+                2,
+            )
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 def _verify_mask(child: Child, cpus: frozenset[int]) -> None:

@@ -598,3 +598,36 @@ def test_child_is_reaped_by_its_owner_only() -> None:
     killed.send_signal(signal.SIGTERM)
     assert _wait(killed) == -signal.SIGTERM
     killed.send_signal(signal.SIGKILL)  # after the reap: a no-op, never another process
+
+
+# --------------------------------------------------------------------------
+# Working directory
+
+
+def test_cwd_is_entered_before_the_program_and_finds_relative_programs(tmp_path: Path) -> None:
+    work = tmp_path / "work dir"
+    work.mkdir()
+    script = work / "show.sh"
+    script.write_text("#!/bin/sh\npwd -P\n")
+    script.chmod(0o755)
+    code, out = run(["./show.sh"], cwd=str(work))
+    assert (code, out.decode()) == (0, f"{work.resolve()}\n")
+
+
+@pytest.mark.parametrize("pwd", [True, False])
+def test_pwd_follows_cwd_only_if_the_caller_gave_one(tmp_path: Path, pwd: bool) -> None:
+    env = _env()
+    if pwd:
+        env["PWD"] = "/somewhere/else"
+    else:
+        env.pop("PWD", None)
+    show = "import os; print(os.getcwd()); print(os.environ.get('PWD', 'unset'))"
+    code, out = run([sys.executable, "-c", show], env=env, cwd=str(tmp_path))
+    assert code == 0
+    assert out.decode().splitlines() == [str(tmp_path), str(tmp_path) if pwd else "unset"]
+
+
+def test_a_missing_cwd_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(["true"], env=_env(), cwd=str(tmp_path / "none"))
+    assert info.value.exit_code == 2 and "no such directory" in str(info.value)
