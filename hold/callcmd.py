@@ -10,7 +10,9 @@ cancels the call all the same.
 Exit status: the task's own (128+N if signal N ended it), 124 at its
 timeout, 130 if it was cancelled, 3 if something survived its stop, 2 for
 refused arguments or bad usage, 75 with ``--no-wait`` when every slot is
-taken (or while the stack starts or stops), 125 when no such stack runs.
+taken (or while the stack starts or stops), 1 when no such stack runs (as
+for every stack command; the task's own status 1 is told apart by the summary
+line on stderr).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import socket
 import sys
 from typing import Any
 
-from supervisor.exitcodes import TOOL, USAGE, signalled
+from supervisor.exitcodes import NO, TOOL, USAGE, signalled
 from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line, strict_loads
 
 PROG = "hold call"
@@ -104,8 +106,10 @@ def main_call(
         try:
             sock.connect(path)
         except (FileNotFoundError, ConnectionRefusedError):
-            say(f"stack {name} is not running (start it with hold up)")
-            return TOOL
+            from hold.stackdir import no_such_stack  # only on this path: a call starts lean
+
+            no_such_stack(name, PROG)
+            return NO
         request = {
             "op": "call",
             "unit": unit,

@@ -1,6 +1,11 @@
 """``hold down`` and ``hold restart``: asking a running stack to stop, or to restart
 a unit; ``hold down`` of a stack that is still starting (no control socket yet,
-its lock held) signals its process. Both return only once it is done."""
+its lock held) signals its process. Both return only once it is done.
+
+No such stack running: exit 1 (``NO``, as ``hold ps``, ``logs`` and ``call``),
+with the closest name of the stacks that exist; but ``hold down`` of a stack that
+has run here and is stopped already is 0, as ``systemctl stop`` of an inactive
+unit: what was asked holds, and a script's cleanup may say it twice."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import signal
 import time
 from typing import Any
 
-from hold.stackdir import ask, open_sd, run_dir_of, say
+from hold.stackdir import ask, no_such_stack, open_sd, run_dir_of, say
 from supervisor.exitcodes import NO, OK, SURVIVORS, TOOL, UNIT_FAILED, USAGE
 from supervisor.parse import BadValue
 
@@ -49,11 +54,17 @@ def _down_starting(name: str) -> int:
     """``hold down`` of a stack with no control socket: not running, or starting
     (its lock is held: waiting for a ticket, making its trees). A starting stack
     is stopped like a running one: its process is told (SIGTERM) and waited for."""
-    lock = os.path.join(run_dir_of(open_sd(), name), "stack.lock")
+    run_dir = run_dir_of(open_sd(), name)
+    lock = os.path.join(run_dir, "stack.lock")
     pid = _lock_holder(lock)
     if pid is None:
-        say(f"stack {name} is not running", "hold down")
-        return 0
+        # As systemctl stop: a stack that has run here and is stopped is already
+        # what was asked (0); a name that never ran here is a mistake (1).
+        if not os.path.isdir(run_dir):
+            no_such_stack(name, "hold down", ever=True)
+            return NO
+        say(f"stack {name} is not running (nothing to stop)", "hold down")
+        return OK
     say(f"stack {name} is starting (pid {pid}); stopping it", "hold down")
     try:
         os.kill(pid, signal.SIGTERM)
@@ -117,7 +128,7 @@ def main_restart(name: str, unit: str) -> int:
         say(str(e), "hold restart")
         return USAGE
     if ans is None:
-        say(f"stack {name} is not running", "hold restart")
+        no_such_stack(name, "hold restart")
         return NO
     if ans.get("ev") == "error":
         say(str(ans.get("error")), "hold restart")

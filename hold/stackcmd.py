@@ -22,7 +22,7 @@ from typing import Any
 
 from hold.downcmd import main_down, main_restart
 from hold.logscmd import main_logs
-from hold.stackdir import ask, load_checked, open_sd, run_dir_of, say
+from hold.stackdir import ask, load_checked, no_such_stack, open_sd, run_dir_of, say
 from hold.upcmd import main_up
 from supervisor.exitcodes import NO, USAGE
 from supervisor.parse import BadValue, format_duration
@@ -76,12 +76,12 @@ def main_ps(name: str | None, as_json: bool) -> int:
     except BadValue as e:
         say(str(e), "hold ps")
         return USAGE
-    if as_json:
-        print(json.dumps(stacks if name is None else (stacks[0] if stacks else None), indent=2))
-        return 0 if stacks or name is None else NO
     if name is not None and not stacks:
-        say(f"stack {name} is not running", "hold ps")
+        no_such_stack(name, "hold ps")
         return NO
+    if as_json:
+        print(json.dumps(stacks if name is None else stacks[0], indent=2))
+        return 0
     if name is None:
         _print_stacks(stacks)
     else:

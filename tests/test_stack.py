@@ -525,3 +525,47 @@ def test_unit_log_rotates_by_size_and_follow_crosses_rotations(tmp_path: Path) -
     # A follower that started at "first" sees what the current file holds after rotation.
     seen = list(follow(str(path), ino, offset, keep_going=lambda: False))
     assert seen[-1] == "line 29 " + "x" * 20
+
+
+def test_no_such_stack_is_exit_1_for_every_command_with_did_you_mean(tmp_path: Path) -> None:
+    """ps, logs, restart, call and down agree: no such stack is exit 1, with the
+    closest name of the stacks that exist; down of a stopped stack is 0 (as
+    systemctl stop), down of a name that never ran here is 1."""
+    path = write_stack(
+        tmp_path,
+        f"""
+  a:
+    cmd: {unit(tmp_path, "a", "--say", "READY")}
+    ready: {{log: READY}}
+  tool:
+    kind: task
+    cmd: [{PY}, -c, "print(1)"]
+    cpus: "0"
+    timeout: 10s
+""",
+        name="uxstack",
+    )
+    res = hold("up", "--detach", str(path))
+    try:
+        assert res.returncode == 0, res.stderr
+        for args in (
+            ("ps", "uxstak"),
+            ("ps", "--json", "uxstak"),
+            ("logs", "uxstak", "a"),
+            ("restart", "uxstak", "a"),
+            ("call", "uxstak", "tool"),
+            ("down", "uxstak"),
+        ):
+            got = hold(*args)
+            assert got.returncode == 1, (args, got.stderr)
+            assert "did you mean 'uxstack'?" in got.stderr, (args, got.stderr)
+            assert got.stdout == "", (args, got.stdout)
+    finally:
+        down = hold("down", "uxstack")
+    assert down.returncode == 0, down.stderr
+    again = hold("down", "uxstack")
+    assert again.returncode == 0 and "stack uxstack is not running" in again.stderr
+    for args in (("ps", "uxstack"), ("restart", "uxstack", "a"), ("call", "uxstack", "tool")):
+        got = hold(*args)
+        assert got.returncode == 1 and "stack uxstack is not running" in got.stderr, args
+    assert hold("logs", "uxstack", "a").returncode == 0  # its logs outlive it
