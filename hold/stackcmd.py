@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 from hold.downcmd import main_down, main_restart
 from hold.logscmd import main_logs
 from hold.stackdir import ask, load_checked, no_such_stack, open_sd, run_dir_of, say
 from hold.upcmd import main_up
+from hold.validatecmd import main_validate
 from supervisor.exitcodes import NO, USAGE
 from supervisor.parse import BadValue, format_duration
 
@@ -38,29 +38,6 @@ __all__ = [
     "run_dir_of",
     "say",
 ]
-
-
-# ---------------------------------------------------------------------- validate
-
-
-def main_validate(path: str) -> int:
-    from supervisor.stackfile import StackFileError
-
-    try:
-        spec = load_checked(path)
-    except StackFileError as e:
-        for line in e.errors:
-            print(line, file=sys.stderr)
-        return USAGE
-    except BadValue as e:
-        say(str(e), "hold validate")
-        return USAGE
-    hold = f", inside a {spec.hold.device} ticket" if spec.hold else ""
-    print(
-        f"{path}: stack {spec.name} is valid: {len(spec.units)} unit(s), started in the order "
-        f"{', '.join(spec.order())}{hold}"
-    )
-    return 0
 
 
 # ---------------------------------------------------------------------- ps

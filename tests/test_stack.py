@@ -8,6 +8,7 @@ autouse leak check adds that nothing is left under pytest).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -569,3 +570,62 @@ def test_no_such_stack_is_exit_1_for_every_command_with_did_you_mean(tmp_path: P
         got = hold(*args)
         assert got.returncode == 1 and "stack uxstack is not running" in got.stderr, args
     assert hold("logs", "uxstack", "a").returncode == 0  # its logs outlive it
+
+
+def test_validate_shows_what_hold_up_would_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Services and one-shots in start order with their conditions, task units apart;
+    --json is the resolved stack, versioned."""
+    from hold.stackcmd import main_validate
+
+    path = write_stack(
+        tmp_path,
+        f"""
+  tool:
+    kind: task
+    cmd: [{PY}, -c, "print(1)"]
+    cpus: "0"
+    timeout: 10s
+  api:
+    cmd: [{PY}, -c, "pass"]
+    after: [migrate, model]
+    liveness: {{tcp: "{{port}}", period: 2s}}
+    port: auto
+  model:
+    cmd: [{PY}, -c, "pass"]
+    ready: {{log: READY}}
+    essential: false
+  migrate:
+    kind: oneshot
+    cmd: [{PY}, -c, "pass"]
+""",
+    )
+    assert main_validate(str(path)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{path}: stack t is valid: 3 unit(s) started by hold up, 1 task unit(s)"
+    assert lines[1] == "start order:"
+    assert [ln.split()[1:3] for ln in lines[2:5]] == [
+        ["model", "service"],
+        ["migrate", "oneshot"],
+        ["api", "service"],
+    ]
+    assert lines[2].endswith("ready: log READY; not essential")
+    assert "done when it exits 0" in lines[3]
+    assert "after migrate (completed), model (ready); ready: at start" in lines[4]
+    assert "liveness: tcp {port} every 2s, restart after 3 failures" in lines[4]
+    assert lines[5].startswith("task units (never started by hold up")
+    assert lines[6].split() == ["tool", "cpus", "0,", "timeout", "10s,", "concurrency", "1"]
+
+    assert main_validate(str(path), as_json=True) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["version"] == 1 and got["stack"] == "t" and got["tasks"] == ["tool"]
+    assert got["start_order"] == ["model", "migrate", "api"]
+    assert got["stack_dir"] == str(tmp_path)
+    api = got["units"]["api"]
+    assert api["after"] == [
+        {"unit": "migrate", "condition": "completed"},
+        {"unit": "model", "condition": "ready"},
+    ]
+    assert api["stop"] == {"signal": "SIGTERM", "grace": 10.0} and api["essential"] is True
+    assert got["units"]["model"]["essential"] is False
