@@ -145,7 +145,43 @@ class Foreground:
         Raises :class:`~supervisor.spawn.SpawnError` if the command cannot
         start (nothing is left running then).
         """
-        extra = dict(extra or {})
+        self._ran = True
+        with self._signals_taken() as wake_r:
+            if not self._prepared:
+                self.prepare()
+            try:
+                child = self._spawn()
+            except BaseException:
+                self._remove_leaf()
+                raise
+            self.child = child
+            self.tree = tree = Tree(
+                tree_id=self.tree_id,
+                root=child.ident,
+                pgid=child.pid,
+                sid=child.pid if not self.interactive else None,
+                leaf=self.leaf,
+                adopts_orphans=self.leaf is None,
+                owned=owned_pids(),
+            )
+            if self.interactive:
+                self._give_terminal(child.pid)
+            if on_started is not None:
+                on_started(tree)
+            cause = self._wait(child, wake_r, dict(extra or {}))
+            sig = cause.signal if cause.kind == "signal" and cause.signal else self.stop_signal
+            tree.owned = owned_pids()
+            report = stop_tree(tree, sig=sig, grace=self.grace)
+            returncode = child.collect()
+            if self.interactive:
+                self._give_terminal(os.getpgrp())
+            self._remove_leaf()
+        return RunResult(_status(report, cause, returncode), cause, returncode, report)
+
+    @contextlib.contextmanager
+    def _signals_taken(self) -> Iterator[int]:
+        """The forwarded signals and SIGCHLD written to a wakeup pipe (its read end
+        given); SIGTTOU ignored when interactive; the caller's handlers back after."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -155,56 +191,14 @@ class Foreground:
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         if self.interactive:
             old_handlers[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-        self._ran = True
         try:
-            if not self._prepared:
-                self.prepare()
-            try:
-                child = self._spawn()
-            except BaseException:
-                self._remove_leaf()
-                raise
-            self.child = child
-            tree = Tree(
-                tree_id=self.tree_id,
-                root=child.ident,
-                pgid=child.pid,
-                sid=child.pid if not self.interactive else None,
-                leaf=self.leaf,
-                adopts_orphans=self.leaf is None,
-                owned=owned_pids(),
-            )
-            self.tree = tree
-            if self.interactive:
-                self._give_terminal(child.pid)
-            if on_started is not None:
-                on_started(tree)
-            cause = self._wait(child, wake_r, extra)
-            sig = cause.signal if cause.kind == "signal" and cause.signal else self.stop_signal
-            tree.owned = owned_pids()
-            report = stop_tree(tree, sig=sig, grace=self.grace)
-            returncode = child.collect()
-            if self.interactive:
-                self._give_terminal(os.getpgrp())
-            self._remove_leaf()
+            yield wake_r
         finally:
             signal.set_wakeup_fd(old_wakeup)
             for num, handler in old_handlers.items():
                 signal.signal(num, handler)  # type: ignore[arg-type]
             os.close(wake_r)
             os.close(wake_w)
-
-        if report.survivors:
-            code = SURVIVORS
-        elif cause.kind == "expired":
-            code = EXPIRED
-        elif returncode is None:
-            code = SURVIVORS
-        elif returncode < 0:
-            code = signalled(-returncode)
-        else:
-            code = returncode
-        return RunResult(code, cause, returncode, report)
 
     def _spawn(self) -> Child:
         self.started = time.monotonic()
@@ -293,3 +287,14 @@ def _drain(fd: int) -> list[int]:
         return list(os.read(fd, 4096))
     except BlockingIOError:
         return []
+
+
+def _status(report: StopReport, cause: Cause, returncode: int | None) -> int:
+    """hold run's exit status: survivors first, then the time limit, then the command's."""
+    if report.survivors:
+        return SURVIVORS
+    if cause.kind == "expired":
+        return EXPIRED
+    if returncode is None:
+        return SURVIVORS
+    return signalled(-returncode) if returncode < 0 else returncode
