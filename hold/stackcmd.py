@@ -57,13 +57,24 @@ def main_ps(name: str | None, as_json: bool) -> int:
         no_such_stack(name, "hold ps")
         return NO
     if as_json:
-        print(json.dumps(stacks if name is None else stacks[0], indent=2))
+        shown = [public(s) for s in stacks]
+        doc = {"version": PS_VERSION, "stacks": shown} if name is None else shown[0]
+        print(json.dumps(doc, indent=2))
         return 0
     if name is None:
         _print_stacks(stacks)
     else:
         _print_stack(stacks[0])
     return 0
+
+
+PS_VERSION = 1
+_WIRE = ("ev", "done")  # the control channel's framing, not the stack's state
+
+
+def public(ans: dict[str, Any]) -> dict[str, Any]:
+    """A stack's ``ps`` answer as ``hold ps --json`` shows it: versioned, no framing."""
+    return {"version": PS_VERSION, **{k: v for k, v in ans.items() if k not in _WIRE}}
 
 
 def _running_stacks() -> list[dict[str, Any]]:
@@ -115,11 +126,16 @@ def _print_stack(s: dict[str, Any]) -> None:
         f"stack {s['stack']} (pid {s['pid']}, {s['phase']}, up {format_duration(s['uptime'])}) "
         f"from {s['file']}"
     )
-    rows = [["UNIT", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]]
+    head = ["UNIT", "KIND", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]
+    rows = [[*head, "LIVENESS"]]
+    optional = False
     for u in s["units"]:
+        essential = u.get("essential", True)
+        optional = optional or not essential
         rows.append(
             [
-                u["unit"],
+                u["unit"] + ("" if essential else "*"),
+                u.get("kind", "service"),
                 u["state"],
                 str(u["pid"] or "-"),
                 str(u["port"] or "-"),
@@ -127,9 +143,12 @@ def _print_stack(s: dict[str, Any]) -> None:
                 format_duration(u["uptime"]),
                 u["cpus"] or "-",
                 u["ready"],
+                u.get("liveness") or "-",
             ]
         )
     print(_table(rows))
+    if optional:
+        print("* not essential: its end is reported, the rest keeps running")
     calls = s.get("calls") or []
     if calls:
         print()

@@ -58,9 +58,15 @@ def _ps(st: StackState) -> dict[str, Any]:
         "uptime": round(now - st.started_at, 3),
         "run_dir": st.run_dir,
         "units": [u.snapshot(now) for u in st.units.values()]
-        + [r.snapshot(st.phase == "running" and st.cause is None) for r in runners],
+        + [_task_row(r.snapshot(st.phase == "running" and st.cause is None)) for r in runners],
         "calls": [c.snapshot(now) for r in runners for c in r.running()],
     }
+
+
+def _task_row(snap: dict[str, Any]) -> dict[str, Any]:
+    """A task unit's row with the fields of a service's (a task is essential: it
+    ends only with the stack; it has no liveness check)."""
+    return {**snap, "essential": True, "liveness": ""}
 
 
 # ---------------------------------------------------------------------- call

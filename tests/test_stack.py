@@ -629,3 +629,70 @@ def test_validate_shows_what_hold_up_would_do(
     ]
     assert api["stop"] == {"signal": "SIGTERM", "grace": 10.0} and api["essential"] is True
     assert got["units"]["model"]["essential"] is False
+
+
+def test_ps_shows_kinds_states_essential_and_liveness(tmp_path: Path) -> None:
+    """hold ps: kind, the not-essential marker, completed/skipped, liveness; --json
+    versioned, without the channel's framing."""
+    path = write_stack(
+        tmp_path,
+        f"""
+  migrate:
+    kind: oneshot
+    cmd: [{PY}, -c, "pass"]
+  bad:
+    kind: oneshot
+    cmd: [{PY}, -c, "raise SystemExit(1)"]
+    essential: false
+  after_bad:
+    cmd: [{PY}, -c, "import time; time.sleep(60)"]
+    after: [bad]
+    essential: false
+  api:
+    cmd: {unit(tmp_path, "api", "--say", "READY")}
+    after: [migrate]
+    ready: {{log: READY}}
+    liveness: {{exec: [{PY}, -c, "pass"], period: 200ms}}
+  tool:
+    kind: task
+    cmd: [{PY}, -c, "print(1)"]
+    cpus: "0"
+    timeout: 10s
+""",
+    )
+    res = hold("up", "--detach", str(path))
+    try:
+        assert res.returncode == 0, res.stderr
+
+        def units() -> dict[str, dict[str, object]]:
+            got = hold("ps", "--json", "t")
+            assert got.returncode == 0, got.stderr
+            doc = json.loads(got.stdout)
+            assert doc["version"] == 1 and "ev" not in doc and "done" not in doc
+            return {u["unit"]: u for u in doc["units"]}
+
+        wait_for(lambda: units()["api"]["liveness"] == "ok", 15, what="a liveness answer")
+        u = units()
+        assert {n: (u[n]["kind"], u[n]["state"], u[n]["essential"]) for n in u} == {
+            "migrate": ("oneshot", "completed", True),
+            "bad": ("oneshot", "failed", False),
+            "after_bad": ("service", "skipped", False),
+            "api": ("service", "ready", True),
+            "tool": ("task", "ready", True),
+        }
+        every = json.loads(hold("ps", "--json").stdout)
+        assert every["version"] == 1 and [s["stack"] for s in every["stacks"]] == ["t"]
+        assert "ev" not in every["stacks"][0]
+
+        table = hold("ps", "t")
+        assert table.returncode == 0, table.stderr
+        rows = {ln.split()[0]: ln.split() for ln in table.stdout.splitlines()[1:] if ln.strip()}
+        assert rows["UNIT"][:3] == ["UNIT", "KIND", "STATE"] and rows["UNIT"][-1] == "LIVENESS"
+        assert rows["migrate"][1:3] == ["oneshot", "completed"]
+        assert rows["bad*"][1:3] == ["oneshot", "failed"]
+        assert rows["after_bad*"][1:3] == ["service", "skipped"]
+        assert rows["api"][1:3] == ["service", "ready"] and rows["api"][-1] == "ok"
+        assert rows["tool"][1] == "task"
+        assert "* not essential" in table.stdout
+    finally:
+        assert hold("down", "t").returncode == 0
