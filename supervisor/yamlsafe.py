@@ -148,44 +148,132 @@ def compose(
     """``text`` composed as ``yaml.compose`` would, within the bounds; None if empty."""
     if len(text) > MAX_BYTES:  # characters: at least as many bytes
         raise YamlError(path, [(None, f"larger than {MAX_BYTES // 1024} KiB")])
-    resolver = yaml.resolver.Resolver()
-    problems: list[tuple[int | None, str]] = []  # those that do not stop the reading
-    stack: list[_Open] = []
-    # anchor -> (node, size, height, line); size None while the node is still open
-    anchors: dict[str, tuple[yaml.Node, int | None, int, int]] = {}
-    root: yaml.Node | None = None
-    documents = 0
-    total = 0
+    c = _Composer(path, max_depth, max_values)
+    try:
+        for event in yaml.parse(text, Loader=Loader):
+            c.take(event)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        problem = e.problem or e.context or "malformed"
+        if "nesting depth" in problem:  # libyaml's own bound (1,000), met while scanning ahead
+            raise c.fail(line, f"nested deeper than {max_depth} levels") from None
+        raise c.fail(line, f"not valid YAML: {problem}") from None
+    except yaml.reader.ReaderError as e:
+        # The position is in characters for PyYAML's reader, in bytes for libyaml's.
+        if Loader is yaml.SafeLoader:
+            line = text.count("\n", 0, e.position) + 1
+        else:
+            line = text.encode("utf-8").count(b"\n", 0, e.position) + 1
+        char = e.character if isinstance(e.character, str) else chr(int(e.character or 0))
+        raise c.fail(
+            line, f"not valid YAML: character {char!r} is not allowed ({e.reason})"
+        ) from None
+    except yaml.YAMLError as e:
+        raise c.fail(1, f"not valid YAML: {shorten(str(e))}") from None
+    if c.problems:
+        raise YamlError(path, sorted(c.problems, key=lambda p: p[0] or 0))
+    return c.root
 
-    def fail(line: int, msg: str) -> YamlError:
-        return YamlError(path, sorted([*problems, (line, msg)], key=lambda p: p[0] or 0))
 
-    def child_path() -> tuple[str | int, ...]:
-        if not stack:
+class _Composer:
+    """The composition of one document, event by event, within the bounds."""
+
+    def __init__(self, path: str, max_depth: int, max_values: int) -> None:
+        self.path = path
+        self.max_depth = max_depth
+        self.max_values = max_values
+        self.resolver = yaml.resolver.Resolver()
+        self.problems: list[tuple[int | None, str]] = []  # those that do not stop the reading
+        self.stack: list[_Open] = []
+        # anchor -> (node, size, height, line); size None while the node is still open
+        self.anchors: dict[str, tuple[yaml.Node, int | None, int, int]] = {}
+        self.root: yaml.Node | None = None
+        self.documents = 0
+        self.total = 0
+
+    def fail(self, line: int, msg: str) -> YamlError:
+        return YamlError(self.path, sorted([*self.problems, (line, msg)], key=lambda p: p[0] or 0))
+
+    def take(self, event: Any) -> None:
+        mark = event.start_mark
+        line = mark.line + 1 if mark is not None else 1
+        if isinstance(event, yaml.DocumentStartEvent):
+            self.documents += 1
+            if self.documents > 1:
+                raise self.fail(line, "a second document (---): the file holds one")
+        elif isinstance(event, yaml.AliasEvent):
+            self._alias(event, line)
+        elif isinstance(event, yaml.ScalarEvent):
+            here = _dotted(self._child_path()) or "top level"
+            snode = _scalar(event, self.resolver, line, here, self.fail)
+            self._count(1, line, here)
+            _anchor(event.anchor, snode, 1, 1, line, self.anchors, self.fail)
+            self._attach(snode, 1, 1, line)
+        elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            self._open(event, line)
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            done = self.stack.pop()
+            done.node.end_mark = event.end_mark
+            if done.anchor is not None:
+                self.anchors[done.anchor] = (done.node, done.size, done.height, line)
+            self._attach(done.node, done.size, done.height, done.node.start_mark.line + 1)
+
+    def _alias(self, event: Any, line: int) -> None:
+        here = _dotted(self._child_path()) or "top level"
+        got = self.anchors.get(str(event.anchor))
+        if got is None:
+            raise self.fail(line, f"{here}: alias *{event.anchor} names no anchor before it")
+        node, size, height, _ = got
+        if size is None:
+            raise self.fail(line, f"{here}: alias *{event.anchor} is inside the value it names")
+        if len(self.stack) + height > self.max_depth:
+            raise self.fail(
+                line,
+                f"{here}: alias *{event.anchor} nests values deeper than {self.max_depth} levels",
+            )
+        self._count(size, line, f"{here}: alias *{event.anchor}", alias=True)
+        self._attach(node, size, height, line)
+
+    def _open(self, event: Any, line: int) -> None:
+        stack = self.stack
+        here_path = self._child_path()
+        here = _dotted(here_path) or "top level"
+        if stack and isinstance(stack[-1].node, yaml.MappingNode) and stack[-1].key is None:
+            raise self.fail(line, f"{here}: a key must be a plain value, not a list or mapping")
+        if len(stack) + 1 > self.max_depth:
+            raise self.fail(line, f"{here}: nested deeper than {self.max_depth} levels")
+        self._count(1, line, here)
+        cnode = _collection(event, self.resolver, line, here, self.fail)
+        anchor = str(event.anchor) if event.anchor is not None else None
+        if anchor is not None:
+            _anchor(anchor, cnode, None, 1, line, self.anchors, self.fail)
+        stack.append(_Open(cnode, here_path, anchor))
+
+    def _child_path(self) -> tuple[str | int, ...]:
+        if not self.stack:
             return ()
-        top = stack[-1]
+        top = self.stack[-1]
         if isinstance(top.node, yaml.SequenceNode):
             return (*top.path, len(top.node.value))
         if top.key is None:
             return top.path  # a key
         return (*top.path, str(top.key.value))
 
-    def count(size: int, line: int, what: str, alias: bool = False) -> None:
-        nonlocal total
-        total += size
-        if total > max_values:
-            raise fail(
+    def _count(self, size: int, line: int, what: str, alias: bool = False) -> None:
+        self.total += size
+        if self.total > self.max_values:
+            raise self.fail(
                 line,
-                f"{what}: the document holds more than {max_values} values with every "
+                f"{what}: the document holds more than {self.max_values} values with every "
                 "alias expanded" + (" (a YAML alias bomb?)" if alias else ""),
             )
 
-    def attach(node: yaml.Node, size: int, height: int, line: int) -> None:
-        nonlocal root
-        if not stack:
-            root = node
+    def _attach(self, node: yaml.Node, size: int, height: int, line: int) -> None:
+        if not self.stack:
+            self.root = node
             return
-        top = stack[-1]
+        top = self.stack[-1]
         top.size += size
         top.height = max(top.height, height + 1)
         if isinstance(top.node, yaml.SequenceNode):
@@ -195,94 +283,24 @@ def compose(
             top.node.value.append((top.key, node))
             top.key = None
             return
-        # A key.
+        self._key(top, node, line)
+
+    def _key(self, top: _Open, node: yaml.Node, line: int) -> None:
         where = _dotted(top.path) or "top level"
         if not isinstance(node, yaml.ScalarNode):
-            raise fail(line, f"{where}: a key must be a plain value, not a list or mapping")
+            raise self.fail(line, f"{where}: a key must be a plain value, not a list or mapping")
         if node.tag == _MERGE:
-            raise fail(line, f"{where}: merge keys (<<) are not supported: write the keys out")
+            raise self.fail(line, f"{where}: merge keys (<<) are not supported: write the keys out")
         name = str(node.value)
         first = top.keys.get(name)
         if first is not None:
-            problems.append(
+            self.problems.append(
                 (line, f"{_dotted((*top.path, name))}: duplicate key {shorten(name)}, first at "
-                       f"{path}:{first} (each key once)")
+                       f"{self.path}:{first} (each key once)")
             )  # fmt: skip
         else:
             top.keys[name] = line
         top.key = node
-
-    try:
-        for event in yaml.parse(text, Loader=Loader):
-            mark = event.start_mark
-            line = mark.line + 1 if mark is not None else 1
-            if isinstance(event, yaml.DocumentStartEvent):
-                documents += 1
-                if documents > 1:
-                    raise fail(line, "a second document (---): the file holds one")
-            elif isinstance(event, yaml.AliasEvent):
-                here = _dotted(child_path()) or "top level"
-                got = anchors.get(str(event.anchor))
-                if got is None:
-                    raise fail(line, f"{here}: alias *{event.anchor} names no anchor before it")
-                node, size, height, _ = got
-                if size is None:
-                    raise fail(line, f"{here}: alias *{event.anchor} is inside the value it names")
-                if len(stack) + height > max_depth:
-                    raise fail(
-                        line,
-                        f"{here}: alias *{event.anchor} nests values deeper than "
-                        f"{max_depth} levels",
-                    )
-                count(size, line, f"{here}: alias *{event.anchor}", alias=True)
-                attach(node, size, height, line)
-            elif isinstance(event, yaml.ScalarEvent):
-                here = _dotted(child_path()) or "top level"
-                snode = _scalar(event, resolver, line, here, fail)
-                count(1, line, here)
-                _anchor(event.anchor, snode, 1, 1, line, anchors, fail)
-                attach(snode, 1, 1, line)
-            elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-                here_path = child_path()
-                here = _dotted(here_path) or "top level"
-                if stack and isinstance(stack[-1].node, yaml.MappingNode) and stack[-1].key is None:
-                    raise fail(line, f"{here}: a key must be a plain value, not a list or mapping")
-                if len(stack) + 1 > max_depth:
-                    raise fail(line, f"{here}: nested deeper than {max_depth} levels")
-                count(1, line, here)
-                cnode = _collection(event, resolver, line, here, fail)
-                anchor = str(event.anchor) if event.anchor is not None else None
-                if anchor is not None:
-                    _anchor(anchor, cnode, None, 1, line, anchors, fail)
-                stack.append(_Open(cnode, here_path, anchor))
-            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-                done = stack.pop()
-                done.node.end_mark = event.end_mark
-                if done.anchor is not None:
-                    anchors[done.anchor] = (done.node, done.size, done.height, line)
-                attach(done.node, done.size, done.height, done.node.start_mark.line + 1)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        problem = e.problem or e.context or "malformed"
-        if "nesting depth" in problem:  # libyaml's own bound (1,000), met while scanning ahead
-            raise fail(line, f"nested deeper than {max_depth} levels") from None
-        raise fail(line, f"not valid YAML: {problem}") from None
-    except yaml.reader.ReaderError as e:
-        # The position is in characters for PyYAML's reader, in bytes for libyaml's.
-        if Loader is yaml.SafeLoader:
-            line = text.count("\n", 0, e.position) + 1
-        else:
-            line = text.encode("utf-8").count(b"\n", 0, e.position) + 1
-        char = e.character if isinstance(e.character, str) else chr(int(e.character or 0))
-        raise fail(
-            line, f"not valid YAML: character {char!r} is not allowed ({e.reason})"
-        ) from None
-    except yaml.YAMLError as e:
-        raise fail(1, f"not valid YAML: {shorten(str(e))}") from None
-    if problems:
-        raise YamlError(path, sorted(problems, key=lambda p: p[0] or 0))
-    return root
 
 
 def _scalar(event: Any, resolver: Any, line: int, here: str, fail: Any) -> yaml.ScalarNode:
