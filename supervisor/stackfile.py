@@ -45,7 +45,7 @@ from supervisor.stackmodels import (
     dotted,
     line_of,
 )
-from supervisor.stackvalues import UNIT_KINDS, short
+from supervisor.stackvalues import UNIT_KINDS, YamlWord, short
 
 __all__ = [
     "READY_KINDS", "UNIT_KINDS", "ArgSpec", "HoldSpec", "LivenessSpec", "ReadySpec",
@@ -236,7 +236,12 @@ def _plain(
     if isinstance(node, yaml.SequenceNode):
         return [_plain(v, (*path, i), lines, shown, errors) for i, v in enumerate(node.value)]
     value = scalar_value(node)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and _as_written(path):
+    if not _as_written(path):
+        return value
+    if isinstance(value, bool) or value is None:
+        # `yes`, `off`, `~` or nothing where text was meant: refused by name.
+        return YamlWord(str(node.value), value)
+    if isinstance(value, (int, float)):
         # A number in a command or a variable is the text written: YAML 1.1
         # would make `010` 8, `1:30` 90 and `1_000` 1000.
         return str(node.value)

@@ -83,9 +83,33 @@ def _cpus(v: object) -> frozenset[int]:
 Cpus = Annotated[frozenset[int], PlainValidator(_cpus)]
 
 
+class YamlWord:
+    """An unquoted word that YAML read as a boolean or null (``yes``, ``off``, ``~``,
+    nothing) where text was meant: kept as written, to be refused by name."""
+
+    def __init__(self, text: str, value: bool | None) -> None:
+        self.text = text
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+    def problem(self) -> str:
+        if self.value is None:
+            shown = f"{self.text!r}" if self.text else "an empty value"
+            return f"YAML reads {shown} as null, not text: quote it ('{self.text}')"
+        what = "true" if self.value else "false"
+        return (
+            f"YAML reads the unquoted word {self.text!r} as the boolean {what}, not text: "
+            f"quote it ('{self.text}')"
+        )
+
+
 def _arg(v: object) -> str:
-    # Numbers are taken as written (`--port, 8080`); a YAML boolean is refused,
-    # since `yes`/`no`/`on`/`off` would silently become True/False.
+    # Numbers are taken as written (`--port, 8080`); a YAML boolean or null is
+    # refused, since `yes`/`no`/`on`/`off` would silently become True/False.
+    if isinstance(v, YamlWord):
+        raise ValueError(v.problem())
     if isinstance(v, bool) or not isinstance(v, (str, int, float)):
         raise _bad(v, "a string (quote values like yes, no, on, off)")
     s = v if isinstance(v, str) else str(v)

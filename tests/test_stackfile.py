@@ -110,7 +110,8 @@ units:
         "2: colour: unknown key; accepted: name, hold, units",
         "5: units.model.cmd[2]: unknown placeholder {prot}: accepted {port}, {units.NAME.port}, "
         "{run_dir}, {stack_dir} or {scratch}",
-        "5: units.model.cmd[3]: True is not valid: a string (quote values like yes, no, on, off)",
+        "5: units.model.cmd[3]: YAML reads the unquoted word 'yes' as the boolean true, not "
+        "text: quote it ('yes')",
         "6: units.model.port: 'automatic' is not valid: auto (the kernel picks a free port) or a "
         "port number 1-65535",
         f"7: units.model.cpus: '0-{outside}' is not valid: CPU {outside} is not usable here; a "
@@ -255,10 +256,11 @@ def test_hold_validate_accepts_the_demo_stack() -> None:
         timeout=30,
     )
     assert res.returncode == 0, res.stderr
-    assert (
-        "stack demo is valid: 3 unit(s), started in the order model, predictor, executor"
-        in res.stdout
-    )
+    lines = res.stdout.splitlines()
+    assert lines[0] == "units/demo-stack.yaml: stack demo is valid: 3 unit(s) started by hold up"
+    assert [ln.split()[:2] for ln in lines[2:]] == [["1.", "model"], ["2.", "predictor"],
+                                                    ["3.", "executor"]]  # fmt: skip
+    assert "after predictor (ready)" in lines[4]
 
 
 def test_missing_program_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -208,3 +208,23 @@ def test_from_another_directory_the_same_stack_dir(tmp_path: Path) -> None:
     finally:
         os.chdir(here)
     assert spec.stack_dir == str(tmp_path)
+
+
+def test_unquoted_yaml_words_in_text_are_named_with_the_fix(tmp_path: Path) -> None:
+    errs = _errors(
+        tmp_path,
+        "name: s\nunits:\n  a:\n    cmd: [echo, yes, 'yes', ~, off]\n    env: {X: , Y: on}\n"
+        "    ready: {exec: [test, no]}\n",
+    )
+    assert errs == [
+        "4: units.a.cmd[1]: YAML reads the unquoted word 'yes' as the boolean true, not text: "
+        "quote it ('yes')",
+        "4: units.a.cmd[3]: YAML reads '~' as null, not text: quote it ('~')",
+        "4: units.a.cmd[4]: YAML reads the unquoted word 'off' as the boolean false, not text: "
+        "quote it ('off')",
+        "5: units.a.env.X: YAML reads an empty value as null, not text: quote it ('')",
+        "5: units.a.env.Y: YAML reads the unquoted word 'on' as the boolean true, not text: "
+        "quote it ('on')",
+        "6: units.a.ready.exec: item 1: YAML reads the unquoted word 'no' as the boolean false, "
+        "not text: quote it ('no')",
+    ]
