@@ -8,6 +8,16 @@ from typing import Any
 
 import click
 
+from hold.completion import (
+    RUN_SETTINGS,
+    SHELLS,
+    RunCommand,
+    class_values,
+    run_arguments,
+    script,
+    stack_values,
+    unit_values,
+)
 from hold.runargs import help_text
 from supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
 from supervisor.parse import BadValue
@@ -22,11 +32,12 @@ def cli() -> None:
 
 @cli.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=RunCommand,
+    context_settings=RUN_SETTINGS,
     add_help_option=False,
+    params=[run_arguments()],
     help="Run COMMAND; when it ends, everything it started ends (hold run --help).",
 )
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(args: tuple[str, ...]) -> None:
     from hold.runcmd import main_run
 
@@ -201,7 +212,8 @@ def status_cmd(as_json: bool) -> None:
 
 
 @cli.command("check")
-@click.option("--device", "cls", default="npu", show_default=True, help="Device class.")
+@click.option("--device", "cls", default="npu", show_default=True, help="Device class.",
+              shell_complete=class_values)  # fmt: skip
 def check_cmd(cls: str) -> None:
     """Exit 0 if this process runs inside a live lease of that class, else 1.
 
@@ -241,7 +253,8 @@ def release_cmd(lease_id: str) -> None:
 
 
 @cli.command("audit")
-@click.option("--device", "cls", default=None, help="Only this device class.")
+@click.option("--device", "cls", default=None, help="Only this device class.",
+              shell_complete=class_values)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
 @click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
 @click.option("--yes", is_flag=True, help="With --kill: do not ask.")
@@ -271,7 +284,7 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
 
 
 @cli.command("up")
-@click.argument("file")
+@click.argument("file", type=click.Path())
 @click.option("--detach", "-d", is_flag=True, help="Run in the background; return once it is up.")
 @click.option(
     "--for", "run_for", metavar="DURATION", help="Stop the stack this long after it is up."
@@ -285,7 +298,7 @@ def up_cmd(file: str, detach: bool, run_for: str | None, status_fd: int | None) 
 
 
 @cli.command("validate")
-@click.argument("file")
+@click.argument("file", type=click.Path())
 def validate_cmd(file: str) -> None:
     """Check a stack FILE without starting anything (every error, with its line)."""
     from hold.stackcmd import main_validate
@@ -294,7 +307,7 @@ def validate_cmd(file: str) -> None:
 
 
 @cli.command("ps")
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=stack_values)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ps_cmd(name: str | None, as_json: bool) -> None:
     """Running stacks, or the units of stack NAME."""
@@ -304,8 +317,8 @@ def ps_cmd(name: str | None, as_json: bool) -> None:
 
 
 @cli.command("logs")
-@click.argument("name")
-@click.argument("unit")
+@click.argument("name", shell_complete=stack_values)
+@click.argument("unit", shell_complete=unit_values)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines while the stack runs.")
 @click.option("--lines", "-n", type=click.IntRange(min=0), help="Only the last N lines.")
 def logs_cmd(name: str, unit: str, follow: bool, lines: int | None) -> None:
@@ -316,7 +329,7 @@ def logs_cmd(name: str, unit: str, follow: bool, lines: int | None) -> None:
 
 
 @cli.command("down")
-@click.argument("name")
+@click.argument("name", shell_complete=stack_values)
 def down_cmd(name: str) -> None:
     """Stop stack NAME: reverse order, each unit's signal and grace, survivor check."""
     from hold.stackcmd import main_down
@@ -325,8 +338,8 @@ def down_cmd(name: str) -> None:
 
 
 @cli.command("restart")
-@click.argument("name")
-@click.argument("unit")
+@click.argument("name", shell_complete=stack_values)
+@click.argument("unit", shell_complete=unit_values)
 def restart_cmd(name: str, unit: str) -> None:
     """Stop UNIT of stack NAME (its whole tree) and start it again."""
     from hold.stackcmd import main_restart
@@ -335,8 +348,8 @@ def restart_cmd(name: str, unit: str) -> None:
 
 
 @cli.command("call")
-@click.argument("name")
-@click.argument("unit")
+@click.argument("name", shell_complete=stack_values)
+@click.argument("unit", shell_complete=unit_values)
 @click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
               help="An argument, read by its declared type (repeatable).")  # fmt: skip
 @click.option("--json-args", metavar="FILE|-", help="Arguments as a JSON object (- for stdin).")
@@ -358,6 +371,20 @@ def call_cmd(
     from hold.callcmd import main_call
 
     raise SystemExit(main_call(name, unit, list(arg_pairs), json_args, no_wait, as_json))
+
+
+@cli.command("completion")
+@click.argument("shell", type=click.Choice(SHELLS))
+def completion_cmd(shell: str) -> None:
+    """Print the completion script of SHELL (bash, zsh, fish) for hold, npu-hold
+    and gpu-hold.
+
+    \b
+    bash (~/.bashrc):            eval "$(hold completion bash)"
+    zsh (~/.zshrc, after compinit): eval "$(hold completion zsh)"
+    fish (config.fish):          hold completion fish | source
+    """
+    click.echo(script(shell, cli), nl=False)
 
 
 __all__ = ["cli", "help_text"]

@@ -7,6 +7,7 @@ Every other subcommand goes through the click group in :mod:`hold.cli`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -60,12 +61,20 @@ def _main(argv: list[str]) -> int:
 
 
 def npu_main() -> int:
+    if "_NPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.completion)
+        from hold.completion import complete_program
+
+        return complete_program("npu-hold")
     from hold.runcmd import main_run
 
     return main_run(sys.argv[1:], prog="npu-hold", device="npu")
 
 
 def gpu_main() -> int:
+    if "_GPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.completion)
+        from hold.completion import complete_program
+
+        return complete_program("gpu-hold")
     from hold.runcmd import main_run
 
     return main_run(sys.argv[1:], prog="gpu-hold", device="gpu")
