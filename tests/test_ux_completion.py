@@ -1,0 +1,207 @@
+"""Shell completion (issue 14): ``hold completion bash|zsh|fish`` and the answers.
+
+The answers are asked as the shells ask them: the program itself, run with
+click's variables (``_HOLD_COMPLETE=bash_complete``, ``COMP_WORDS``,
+``COMP_CWORD``; ``_NPU_HOLD_COMPLETE`` for ``npu-hold``, which answers through
+:mod:`hold.completion` without click on its normal path). With bash present,
+the generated script is sourced in a real bash and its function called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import update_config
+
+from hold.completion import complete_run
+
+BIN = Path(sys.executable).parent
+STACK = """\
+name: comptest
+units:
+  api:
+    cmd: [sleep, "100"]
+  worker:
+    cmd: [sleep, "100"]
+  tool:
+    kind: task
+    cmd: [cat]
+    cpus: "0"
+"""
+
+
+def complete(prog: str, words: list[str], shell: str = "bash") -> list[str]:
+    """What ``prog`` answers for ``words`` (the last one is being typed): the values."""
+    env = dict(os.environ)
+    var = f"_{prog.replace('-', '_').upper()}_COMPLETE"
+    env[var] = f"{shell}_complete"
+    if shell == "fish":
+        env["COMP_WORDS"] = " ".join([prog, *words])
+        env["COMP_CWORD"] = words[-1]
+    else:
+        env["COMP_WORDS"] = " ".join([prog, *words])
+        env["COMP_CWORD"] = str(len(words))
+    res = subprocess.run([str(BIN / prog)], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+    if shell == "fish":  # TYPE,VALUE<tab>HELP
+        return [line.split("\t")[0].partition(",")[2] for line in res.stdout.splitlines()]
+    if shell == "zsh":  # TYPE, VALUE, HELP: a line each
+        return res.stdout.splitlines()[1::3]
+    return [line.partition(",")[2] for line in res.stdout.splitlines() if line]
+
+
+@pytest.fixture
+def own_classes(isolated_hold: Path) -> list[str]:
+    """Two classes only this test has (beside the conftest's npu and gpu)."""
+    nodes = isolated_hold / "dev"
+    update_config(isolated_hold, devices={"tpuz": {"nodes": [f"{nodes}/tpuz*"]},
+                                          "fpgaz": {"nodes": [f"{nodes}/fpgaz*"]}})  # fmt: skip
+    return ["fpgaz", "gpu", "npu", "tpuz"]
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> str:
+    """A stack directory as ``hold up`` leaves it: ``stack.json`` naming the file, logs."""
+    state = Path(os.environ["HOLD_STATE_DIR"])
+    state.mkdir(mode=0o700, exist_ok=True)
+    run_dir = state / "stacks" / "comptest"
+    (run_dir / "logs").mkdir(parents=True)
+    (tmp_path / "stack.yaml").write_text(STACK)
+    record = {"name": "comptest", "pid": 1, "file": str(tmp_path / "stack.yaml")}
+    (run_dir / "stack.json").write_text(json.dumps(record))
+    (state / "stacks" / "other").mkdir()
+    return "comptest"
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_each_shell_gets_a_script(shell: str) -> None:
+    res = subprocess.run([str(BIN / "hold"), "completion", shell], capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    for prog in ("hold", "npu-hold", "gpu-hold"):
+        var = f"_{prog.replace('-', '_').upper()}_COMPLETE={shell}_complete"
+        assert var in res.stdout
+    register = {"bash": "complete -o nosort -F _npu_hold_completion npu-hold",
+                "zsh": "compdef _npu_hold_completion npu-hold",
+                "fish": "complete --no-files --command npu-hold"}  # fmt: skip
+    assert register[shell] in res.stdout
+
+
+def test_an_unknown_shell_is_a_usage_error() -> None:
+    res = subprocess.run([str(BIN / "hold"), "completion", "tcsh"], capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    assert res.returncode == 2
+    assert "bash" in res.stderr
+
+
+def test_subcommands_and_options() -> None:
+    assert complete("hold", ["st"]) == ["status"]
+    assert "completion" in complete("hold", [""])
+    assert complete("hold", ["check", "--dev"]) == ["--device"]
+    assert complete("hold", ["audit", "--j"]) == ["--json"]
+
+
+def test_device_classes_from_the_configuration(own_classes: list[str]) -> None:
+    assert sorted(complete("hold", ["check", "--device", ""])) == own_classes
+    assert sorted(complete("hold", ["audit", "--device", ""])) == own_classes
+    assert complete("hold", ["audit", "--device", "tp"]) == ["tpuz"]
+    for prog in ("npu-hold", "gpu-hold"):
+        assert sorted(complete(prog, ["--device", ""])) == own_classes
+        assert complete(prog, ["-d", "fp"]) == ["fpgaz"]
+    assert sorted(complete("hold", ["run", "-vd", ""])) == own_classes
+    assert complete("hold", ["run", "--device", "tp"], shell="zsh") == ["tpuz"]
+    assert complete("npu-hold", ["--device", "tp"], shell="fish") == ["tpuz"]
+
+
+def test_run_options_from_the_table() -> None:
+    assert complete("npu-hold", ["--dev"]) == ["--device"]
+    assert complete("gpu-hold", ["--wait"]) == ["--wait-timeout"]
+    assert complete("hold", ["run", "--pass"]) == ["--pass-env"]
+    assert complete("npu-hold", ["-t", "1h", "--no-"]) == ["--no-wait"]
+    assert complete("npu-hold", ["--signal", "TE"]) == ["TERM"]
+    from hold.runargs import OPTIONS
+
+    assert complete("npu-hold", ["--"]) == [o[0] for o in OPTIONS]
+
+
+def test_after_the_options_the_command_is_the_shells() -> None:
+    """After ``--`` or the command's first word, nothing of ours: the shell's files."""
+    assert complete("npu-hold", ["--", "--dev"]) == ["--dev"]
+    assert complete("hold", ["run", "-t", "5", "ls", "--dev"]) == ["--dev"]
+
+
+def test_stack_and_unit_names(stack: str) -> None:
+    assert complete("hold", ["logs", ""]) == ["comptest", "other"]
+    assert complete("hold", ["ps", "co"]) == ["comptest"]
+    assert complete("hold", ["down", "oth"]) == ["other"]
+    assert complete("hold", ["logs", stack, ""]) == ["api", "tool", "worker"]
+    assert complete("hold", ["restart", stack, "w"]) == ["worker"]
+    assert complete("hold", ["call", stack, ""]) == ["tool"]  # task units only
+
+
+def test_units_from_the_logs_when_the_file_is_gone(stack: str, tmp_path: Path) -> None:
+    (tmp_path / "stack.yaml").unlink()
+    logs = Path(os.environ["HOLD_STATE_DIR"]) / "stacks" / stack / "logs"
+    (logs / "api.log").write_text("")
+    (logs / "worker.log.1").write_text("")
+    assert complete("hold", ["logs", stack, ""]) == ["api"]
+    assert complete("hold", ["logs", "nosuch", ""]) == []
+
+
+@pytest.mark.parametrize(
+    ("words", "incomplete", "offered"),
+    [
+        ([], "--c", ["--cpus", "--count"]),
+        (["-v"], "--ver", ["--verbose", "--version"]),
+        (["-vt"], "", []),  # -t waits for a duration: nothing to offer
+        (["-vt1m"], "--pri", ["--private"]),
+        (["--time=1h"], "--lab", ["--label"]),
+        (["--device", "="], "n", ["npu"]),  # bash splits --device=n
+    ],
+)
+def test_complete_run_in_process(words: list[str], incomplete: str, offered: list[str]) -> None:
+    assert [i.value for i in complete_run(words, incomplete)] == offered
+
+
+def test_the_equals_form() -> None:
+    assert [i.value for i in complete_run([], "--device=n")] == ["--device=npu"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash here")
+def test_in_a_real_bash(stack: str, own_classes: list[str]) -> None:
+    script = f"""
+        set -e
+        PATH={BIN}:$PATH
+        source <(hold completion bash)
+        complete -p hold npu-hold gpu-hold
+        ask() {{ COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMPREPLY=()
+                 "_${{1//-/_}}_completion" "$1"
+                 echo "$1: ${{COMPREPLY[*]}}"; }}
+        ask hold logs ''
+        ask hold logs comptest w
+        ask npu-hold --dev
+        ask gpu-hold --device tp
+    """
+    res = subprocess.run(["bash", "--norc", "-c", script], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    for prog in ("hold", "npu-hold", "gpu-hold"):
+        assert f"complete -o nosort -F _{prog.replace('-', '_')}_completion {prog}" in lines
+    assert lines[-4:] == ["hold: comptest other", "hold: worker", "npu-hold: --device",
+                          "gpu-hold: tpuz"]  # fmt: skip
+
+
+def test_the_normal_path_never_sees_completion() -> None:
+    """``npu-hold`` without the variable imports neither click nor hold.completion."""
+    code = ("import sys, hold.entry, hold.runcmd; "
+            "print([m for m in ('click', 'hold.completion') if m in sys.modules])")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert res.stdout.strip() == "[]", res.stderr
