@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -214,7 +215,8 @@ def status_cmd(as_json: bool) -> None:
 @cli.command("check")
 @click.option("--device", "cls", default="npu", show_default=True, help="Device class.",
               shell_complete=class_values)  # fmt: skip
-def check_cmd(cls: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (version 1).")
+def check_cmd(cls: str, as_json: bool) -> None:
     """Exit 0 if this process runs inside a live lease of that class, else 1.
 
     The answer comes from the arbiter that grants the leases (asked over its
@@ -222,7 +224,7 @@ def check_cmd(cls: str) -> None:
     caller is this program's parent, and this program (its child) is what
     the arbiter traces back to a lease's holder or cgroup leaf.
     """
-    from hold.guard import check
+    from hold.guard import check_document, check_lease
     from hold.statedir import StateDir, default_path
 
     _classes()  # a configuration error: file:line, exit 2
@@ -230,8 +232,11 @@ def check_cmd(cls: str) -> None:
         sd = StateDir(os.path.abspath(default_path()))
     except BadValue as e:
         _fail(str(e))
-    ok, why = check(sd, cls)
-    click.echo(f"hold check: {why}", err=not ok)
+    ok, why, lease = check_lease(sd, cls, want_lease=as_json)
+    if as_json:
+        click.echo(json.dumps(check_document(ok, why, cls, lease), indent=2, sort_keys=True))
+    else:
+        click.echo(f"hold check: {why}", err=not ok)
     raise SystemExit(0 if ok else NO)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from typing import Any
 
 from hold.protocol import ProtocolError
 from hold.records import LeaseRecord
@@ -29,30 +30,74 @@ TIMEOUT = 10.0
 
 def check(sd: StateDir, cls: str) -> tuple[bool, str]:
     """``(covered, one line saying why)`` for this process (and so for its parent)."""
+    ok, why, _lease = check_lease(sd, cls, want_lease=False)
+    return ok, why
+
+
+def check_lease(sd: StateDir, cls: str, *, want_lease: bool = True
+                ) -> tuple[bool, str, LeaseRecord | None]:  # fmt: skip
+    """:func:`check`, and the lease that covers this process when it is covered.
+
+    The daemon's verdict is the answer. Which lease it found is asked too
+    (``leases``: the records it judged by) and found by the same rule
+    (:func:`judge_lease`) for this same process; None if that does not agree.
+    """
     from hold.client import Client, DaemonUnreachable
 
     no = f"no {cls} lease covers this process"
     try:
         client = Client.connect(sd, autostart=False)
     except DaemonUnreachable as e:
-        return False, f"{no}: {e}"
+        return False, f"{no}: {e}", None
+    lease = None
     try:
         _pid, uid, _gid = struct.unpack("3i", client.sock.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))  # fmt: skip
         if uid not in (0, os.geteuid()):
             return False, (f"{no}: the daemon at {sd.socket} runs as uid {uid}, neither "
-                           "root nor you; its answer proves nothing")  # fmt: skip
+                           "root nor you; its answer proves nothing"), None  # fmt: skip
         ans = client.request({"op": "check", "cls": cls}, TIMEOUT)
+        if want_lease and ans.get("covered") is True:
+            lease = _covering(client.request({"op": "leases"}, TIMEOUT), cls)
     except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
-        return False, f"{no}: no answer from the ticket daemon at {sd.socket}: {e}"
+        return False, f"{no}: no answer from the ticket daemon at {sd.socket}: {e}", None
     finally:
         client.close()
     if ans.get("ev") == "error":
         raise BadValue("--device", cls, str(ans.get("error")))
-    return ans.get("covered") is True, str(ans.get("why"))
+    return ans.get("covered") is True, str(ans.get("why")), lease
+
+
+def _covering(ans: dict[str, Any], cls: str) -> LeaseRecord | None:
+    """The lease of ``cls`` among the daemon's ``leases`` answer that covers this process."""
+    given = ans.get("leases")
+    records = []
+    for raw in given if isinstance(given, list) else []:
+        try:
+            records.append(LeaseRecord.from_json(raw))
+        except ValueError:
+            continue
+    return judge_lease(ProcessId.of(os.getpid()), cls, records)[2]
+
+
+def check_document(ok: bool, why: str, cls: str, lease: LeaseRecord | None) -> dict[str, object]:
+    """``hold check --json``: version 1."""
+    doc: dict[str, object] = {"version": 1, "ok": ok, "device": cls, "why": why, "lease": None}
+    if lease is not None:
+        doc["lease"] = {"id": lease.lease, "class": lease.cls, "devices": list(lease.devices),
+                        "label": lease.label, "user": lease.user, "holder_pid": lease.holder_pid,
+                        "granted": lease.granted, "expires": lease.expires}  # fmt: skip
+    return doc
 
 
 def judge(asker: ProcessId, cls: str, records: list[LeaseRecord]) -> tuple[bool, str]:
+    """``hold check``'s answer for the process ``asker``: ``(covered, why)``."""
+    covered, why, _lease = judge_lease(asker, cls, records)
+    return covered, why
+
+
+def judge_lease(asker: ProcessId, cls: str, records: list[LeaseRecord]
+                ) -> tuple[bool, str, LeaseRecord | None]:  # fmt: skip
     """``hold check``'s answer for the process ``asker`` against live lease records.
 
     Proven by ancestry, never by text: an ancestor of the asker (or the asker
@@ -62,7 +107,7 @@ def judge(asker: ProcessId, cls: str, records: list[LeaseRecord]) -> tuple[bool,
     """
     me = procscan.stat_of(asker.pid)
     if me is None or me.starttime != asker.starttime:
-        return False, "the asking process is gone"
+        return False, "the asking process is gone", None
     chain = {(st.pid, st.starttime) for st in [me, *procscan.ancestors(asker.pid)]}
     where = cgroup_dir(asker.pid, v2_mount())
     others: list[str] = []
@@ -74,10 +119,10 @@ def judge(asker: ProcessId, cls: str, records: list[LeaseRecord]) -> tuple[bool,
                 others.append(label)
             continue
         if holder in chain:
-            return True, f"inside {label}"
+            return True, f"inside {label}", rec
         for leaf in rec.leaves:
             if where is not None and within(where, leaf):
-                return True, f"inside {label} (by its cgroup)"
+                return True, f"inside {label} (by its cgroup)", rec
     if others:
-        return False, f"no {cls} lease covers this process; only {', '.join(others)}"
-    return False, f"no {cls} lease covers this process"
+        return False, f"no {cls} lease covers this process; only {', '.join(others)}", None
+    return False, f"no {cls} lease covers this process", None
