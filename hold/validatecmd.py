@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hold.stackdir import load_checked, say
 from supervisor.exitcodes import OK, USAGE
 from supervisor.parse import BadValue, format_cpus
+from supervisor.stackspec import plain
 
 if TYPE_CHECKING:
     from supervisor.stackfile import StackSpec, UnitSpec
@@ -48,7 +49,8 @@ def resolved(spec: StackSpec, path: str) -> dict[str, Any]:
     """The stack as ``hold up`` reads it: every unit with its defaults, its conditions."""
     units: dict[str, Any] = {}
     for name, u in spec.units.items():
-        d = u.model_dump(mode="json", exclude={"cpus"})
+        d = plain(u)
+        del d["conditions"], d["file_env"]  # the conditions are in `after`; values may be secret
         d["cpus"] = format_cpus(u.cpus) if u.cpus else None
         d["stop"]["signal"] = signal.Signals(u.stop.signal).name
         d["after"] = [{"unit": dep, "condition": spec.condition(name, dep)} for dep in u.after]
@@ -58,7 +60,7 @@ def resolved(spec: StackSpec, path: str) -> dict[str, Any]:
         "stack": spec.name,
         "file": os.path.abspath(path),
         "stack_dir": spec.stack_dir,
-        "hold": spec.hold.model_dump(mode="json") if spec.hold else None,
+        "hold": plain(spec.hold) if spec.hold else None,
         "start_order": spec.services(),
         "tasks": spec.tasks(),
         "units": units,

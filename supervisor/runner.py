@@ -29,7 +29,7 @@ from supervisor.stop import stop_tree
 from supervisor.tree import Tree
 
 if TYPE_CHECKING:
-    from supervisor.stackmodels import ScratchSpec
+    from supervisor.stackspec import ScratchSpec
 
 STDOUT_LIMIT = 1 << 20  # bytes of stdout kept per call
 STDERR_TAIL = 64 << 10  # bytes of stderr kept per call (the last ones)

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from supervisor import placeholders
-from supervisor.stackmodels import Path, dotted, line_of
+from supervisor.stackspec import Path, dotted, line_of
 from supervisor.stackvalues import CONDITION_SYNONYMS, CONDITIONS, UNIT_KINDS
 
 _UNIT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", re.ASCII)

@@ -19,6 +19,7 @@ only checked for shape; :mod:`hold` checks the device class and label, using
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +32,18 @@ from supervisor.exitcodes import USAGE
 from supervisor.parse import did_you_mean
 from supervisor.stackchecks import cross_checks
 from supervisor.stackmodels import (
+    ArgModel,
+    HoldModel,
+    LivenessModel,
+    ReadyModel,
+    RestartModel,
+    ScratchModel,
+    StackModel,
+    StopModel,
+    UnitModel,
+    to_spec,
+)
+from supervisor.stackspec import (
     READY_KINDS,
     ArgSpec,
     HoldSpec,
@@ -48,8 +61,10 @@ from supervisor.stackmodels import (
 from supervisor.stackvalues import UNIT_KINDS, YamlWord, short
 
 __all__ = [
-    "READY_KINDS", "UNIT_KINDS", "ArgSpec", "HoldSpec", "LivenessSpec", "ReadySpec",
-    "RestartSpec", "ScratchSpec", "StackFileError", "StackSpec", "StopSpec", "UnitSpec",
+    "READY_KINDS", "UNIT_KINDS", "ArgModel", "ArgSpec", "HoldModel", "HoldSpec",
+    "LivenessModel", "LivenessSpec", "ReadyModel", "ReadySpec", "RestartModel", "RestartSpec",
+    "ScratchModel", "ScratchSpec", "StackFileError", "StackModel", "StackSpec", "StopModel",
+    "StopSpec", "UnitModel", "UnitSpec",
     "fill", "filled_env", "load",
 ]  # fmt: skip
 
@@ -70,11 +85,11 @@ class StackFileError(SupervisorError):
 # For an unknown key: what users of process-compose, docker-compose and
 # systemd type for ours (by model; a close spelling is found by difflib).
 SYNONYMS: dict[str, dict[str, str]] = {
-    "StackSpec": {
+    "StackModel": {
         "services": "units", "processes": "units", "programs": "units", "project": "name",
         "project_name": "name", "ticket": "hold", "lease": "hold", "device": "hold",
     },
-    "UnitSpec": {
+    "UnitModel": {
         "command": "cmd", "exec": "cmd", "execstart": "cmd", "exec_start": "cmd",
         "entrypoint": "cmd", "argv": "cmd", "depends_on": "after", "requires": "after",
         "wants": "after", "needs": "after", "dependencies": "after",
@@ -93,35 +108,35 @@ SYNONYMS: dict[str, dict[str, str]] = {
         "cpu": "cpus", "cpuaffinity": "cpus", "affinity": "cpus", "type": "kind",
         "parallelism": "concurrency", "max_parallel": "concurrency",
     },
-    "ReadySpec": {
+    "ReadyModel": {
         "http_get": "http", "httpget": "http", "path": "http", "url": "http",
         "tcp_socket": "tcp", "port": "tcp", "command": "exec", "cmd": "exec",
         "log_line": "log", "log_pattern": "log", "pattern": "log", "regex": "log",
         "path_exists": "file", "timeout_seconds": "timeout", "timeoutstartsec": "timeout",
         "sd_notify": "notify", "type": "notify",
     },
-    "LivenessSpec": {
+    "LivenessModel": {
         "http_get": "http", "httpget": "http", "path": "http", "url": "http",
         "tcp_socket": "tcp", "port": "tcp", "command": "exec", "cmd": "exec",
         "interval": "period", "period_seconds": "period", "every": "period",
         "timeout_seconds": "timeout", "failure_threshold": "failures", "retries": "failures",
     },
-    "ScratchSpec": {"keep_after": "keep", "free": "min_free", "min_space": "min_free"},
-    "RestartSpec": {
+    "ScratchModel": {"keep_after": "keep", "free": "min_free", "min_space": "min_free"},
+    "RestartModel": {
         "max_restarts": "max", "retries": "max", "restarts": "max", "backoff_seconds": "backoff",
         "restartsec": "backoff", "delay": "backoff", "restart": "policy", "condition": "policy",
         "mode": "policy",
     },
-    "StopSpec": {
+    "StopModel": {
         "timeout": "grace", "timeout_seconds": "grace", "timeoutstopsec": "grace",
         "kill_timeout": "grace", "stop_grace_period": "grace", "grace_period": "grace",
         "killsignal": "signal", "stop_signal": "signal",
     },
-    "HoldSpec": {
+    "HoldModel": {
         "class": "device", "devices": "device", "time": "ttl", "timeout": "ttl",
         "duration": "ttl", "limit": "ttl", "description": "label", "comment": "label",
     },
-    "ArgSpec": {
+    "ArgModel": {
         "kind": "type", "minimum": "min", "maximum": "max", "maxlength": "max_len",
         "max_length": "max_len", "enum": "choices", "values": "choices",
         "mandatory": "required",
@@ -158,15 +173,14 @@ def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None =
     spec: StackSpec | None = None
     if isinstance(data, dict):
         try:
-            spec = StackSpec.model_validate(data)
+            spec = to_spec(StackModel.model_validate(data), shown, lines)
         except ValidationError as e:
             for err in e.errors():
                 loc = tuple(x for x in err["loc"] if x != "[key]")
                 errors.append((line_of(lines, loc), f"{dotted(loc)}: {_message(err, loc)}"))
         else:
-            spec._path = shown
-            spec._lines = lines
-            errors.extend(_files(spec))
+            spec, problems = _files(spec)
+            errors.extend(problems)
         errors.extend(cross_checks(data, lines))
         if extra_check is not None:
             for loc, msg in extra_check(data):
@@ -189,28 +203,30 @@ def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None =
     return spec
 
 
-def _files(spec: StackSpec) -> list[tuple[int, str]]:
-    """Read each unit's ``env_file`` and check its ``cwd`` (relative to the stack file)."""
+def _files(spec: StackSpec) -> tuple[StackSpec, list[tuple[int, str]]]:
+    """Each unit's ``env_file`` read into it, and its ``cwd`` checked (both relative to
+    the stack file); the spec with the files' variables, and the problems found."""
     errors: list[tuple[int, str]] = []
+    units = dict(spec.units)
     for name, unit in spec.units.items():
         if unit.env_file is not None:
             loc = ("units", name, "env_file")
             path = os.path.join(spec.stack_dir, unit.env_file)
             found, problems = dotenv.read(path, unit.env_file)
-            errors.extend((line_of(spec._lines, loc), f"{dotted(loc)}: {m}") for m in problems)
-            unit._file_env = found
+            errors.extend((line_of(spec.lines, loc), f"{dotted(loc)}: {m}") for m in problems)
+            units[name] = dataclasses.replace(unit, file_env=found)
         if unit.cwd is not None and not any(True for _ in placeholders.uses(unit.cwd)):
             cwd = os.path.join(spec.stack_dir, unit.cwd)
             if not os.path.isdir(cwd):
                 loc = ("units", name, "cwd")
+                where = "" if os.path.isabs(unit.cwd) else f" (in {spec.stack_dir})"
                 errors.append(
                     (
-                        line_of(spec._lines, loc),
-                        f"{dotted(loc)}: {unit.cwd!r} is not a directory"
-                        + ("" if os.path.isabs(unit.cwd) else f" (in {spec.stack_dir})"),
+                        line_of(spec.lines, loc),
+                        f"{dotted(loc)}: {unit.cwd!r} is not a directory{where}",
                     )
                 )
-    return errors
+    return dataclasses.replace(spec, units=units), errors
 
 
 def _plain(
@@ -260,15 +276,15 @@ def _as_written(path: Path) -> bool:
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model whose fields are valid keys at ``loc`` (for "accepted: ..." hints)."""
     models: dict[tuple[str, ...], type[BaseModel]] = {
-        (): StackSpec,
-        ("hold",): HoldSpec,
-        ("units", "*"): UnitSpec,
-        ("units", "*", "ready"): ReadySpec,
-        ("units", "*", "liveness"): LivenessSpec,
-        ("units", "*", "scratch"): ScratchSpec,
-        ("units", "*", "restart"): RestartSpec,
-        ("units", "*", "stop"): StopSpec,
-        ("units", "*", "args", "*"): ArgSpec,
+        (): StackModel,
+        ("hold",): HoldModel,
+        ("units", "*"): UnitModel,
+        ("units", "*", "ready"): ReadyModel,
+        ("units", "*", "liveness"): LivenessModel,
+        ("units", "*", "scratch"): ScratchModel,
+        ("units", "*", "restart"): RestartModel,
+        ("units", "*", "stop"): StopModel,
+        ("units", "*", "args", "*"): ArgModel,
     }
     key = tuple(
         "*" if loc[0] == "units" and (i == 1 or (i == 3 and loc[2] == "args")) else str(p)

@@ -4,9 +4,8 @@ A task unit (``kind: task`` in a stack file) is not a service: nothing runs
 until a call comes, and each call starts the unit's command once, gives it
 the call's arguments as JSON on its stdin, and collects its result. The
 executor of a tool-calling stack is the example: it must never compete with
-model decoding for CPUs, must see nothing of the server's descriptors or
-environment, and must end -- with everything it started -- when its time is
-up or nobody wants its answer any more.
+model decoding for CPUs, see nothing of the server's descriptors or environment,
+and end, with all it started, when its time is up or nobody wants its answer.
 
 :class:`TaskRunner` does this for one task unit; a stack (``hold up``) has one
 per task unit and serves ``hold call`` with it, and a server that embeds the
@@ -27,6 +26,7 @@ Threads: each call has one thread that owns all of it (child, pipes, leaf);
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -204,7 +204,7 @@ class TaskRunner:
             }
         except KeyError as e:
             raise ValueError(f"{path}: unit {unit}: no port given for {e}") from None
-        return cls.standalone(unit, u.model_copy(update={"env": env}), argv=argv, **kw)
+        return cls.standalone(unit, dataclasses.replace(u, env=env), argv=argv, **kw)
 
     def __enter__(self) -> TaskRunner:
         return self

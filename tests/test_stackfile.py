@@ -329,7 +329,7 @@ def test_every_synonym_names_a_key_of_its_model() -> None:
     from supervisor import stackfile
 
     for model, table in stackfile.SYNONYMS.items():
-        fields = getattr(stackfile, model).model_fields
+        fields = getattr(stackfile, model).model_fields  # the validation models
         for theirs, ours in table.items():
             assert ours in fields, (model, theirs, ours)
             assert theirs not in fields, (model, theirs)
