@@ -11,7 +11,7 @@ import os
 import pwd
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TextIO
 
 from hold.ledger import SessionRec
 from hold.statedir import StateDir
@@ -83,6 +83,10 @@ class LeaseRecord(NamedTuple):
 class Log:
     """JSON lines in the state directory, one per event, with the lease id where there is one."""
 
+    # ``hold daemon`` in the foreground: each event also as a readable line here
+    # (colours at a terminal); see :mod:`hold.daemoncmd`.
+    console: ClassVar[TextIO | None] = None
+
     def __init__(self, path: str) -> None:
         import structlog
 
@@ -98,12 +102,22 @@ class Log:
                 structlog.processors.JSONRenderer(sort_keys=True),
             ],
         )
+        self._echo = None if Log.console is None else structlog.wrap_logger(
+            structlog.PrintLogger(Log.console),
+            processors=[structlog.processors.add_log_level,
+                        structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+                        structlog.dev.ConsoleRenderer(colors=Log.console.isatty())],
+        )  # fmt: skip
 
     def info(self, event: str, **kw: Any) -> None:
         self._log.info(event, **kw)
+        if self._echo is not None:
+            self._echo.info(event, **kw)
 
     def error(self, event: str, **kw: Any) -> None:
         self._log.error(event, **kw)
+        if self._echo is not None:
+            self._echo.error(event, **kw)
 
 
 class Records:
