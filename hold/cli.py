@@ -138,6 +138,10 @@ def daemon_cmd(detach: bool, idle_exit: str | None, system: bool, reload_: bool,
             os._exit({b"1": 0, b"2": 3}.get(said, 1))  # 3: another daemon serves
         os.close(r)
         ready_fd = w
+    else:
+        from hold.daemoncmd import announce
+
+        announce(sd, cfg, classes, system)
     daemon = Daemon(
         sd,
         classes,
@@ -152,36 +156,24 @@ def daemon_cmd(detach: bool, idle_exit: str | None, system: bool, reload_: bool,
 
 
 def _install(unit_dir: str, start: bool) -> None:
-    import subprocess
+    from hold.daemoncmd import DaemonCommandError, install
 
-    from hold.sysunit import install
-    from hold.tokens import UnsafePath
-
-    if start and os.geteuid() != 0:
-        _fail("--install: the system daemon is installed by root (or use --no-start "
-              "--unit-dir DIR to write the unit only)")  # fmt: skip
     try:
         for line in install(unit_dir, start):
             click.echo(f"hold: {line}")
-    except UnsafePath as e:
-        _fail(f"--install: {e}", USAGE)
-    except (OSError, subprocess.CalledProcessError) as e:
-        _fail(f"--install: {e}", TOOL)
+    except DaemonCommandError as e:
+        _fail(str(e), e.code)
     raise SystemExit(0)
 
 
 def _reload() -> None:
-    from hold.client import Client, DaemonUnreachable
+    from hold.daemoncmd import DaemonCommandError, reload
 
     _classes()  # the file must read before the daemon is asked to
     try:
-        ans = Client.connect(_state_dir(), autostart=False).request({"op": "reload"})
-    except (DaemonUnreachable, OSError, TimeoutError) as e:
-        _fail(f"--reload: {e}", TOOL)
-    if ans.get("ev") != "reloaded":
-        _fail(f"--reload: {ans.get('error')}", int(ans.get("code", TOOL)))
-    classes = ", ".join(f"{k} ({v})" for k, v in sorted(ans["classes"].items()))
-    click.echo(f"hold: reloaded {ans.get('config') or 'the defaults'}: {classes}")
+        click.echo(f"hold: {reload(_state_dir())}")
+    except DaemonCommandError as e:
+        _fail(str(e), e.code)
     raise SystemExit(0)
 
 

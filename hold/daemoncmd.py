@@ -1,0 +1,103 @@
+"""``hold daemon``, the command's own parts: ``--install``, ``--reload``, and what a
+daemon started in the foreground says before it serves.
+
+In the foreground (not ``--detach``) the daemon first says on stderr where it
+serves (its socket, and which arbiter it is: the machine's system daemon or
+one user's own) and what it read (the configuration file, each class and its
+devices), then echoes each event of its log there as a readable line
+(structlog's console renderer, in colour at a terminal only); the log file
+itself stays JSON lines (:class:`hold.records.Log`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+from hold.config import Config
+from hold.devices import DeviceClass
+from hold.statedir import StateDir
+from supervisor.exitcodes import TOOL, USAGE
+
+PROG = "hold daemon"
+
+
+class DaemonCommandError(Exception):
+    """What ``--install`` / ``--reload`` could not do: the message, and the exit status."""
+
+    def __init__(self, msg: str, code: int) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def banner(sd: StateDir, cfg: Config, classes: dict[str, DeviceClass], system: bool) -> list[str]:
+    """Where this daemon serves and what it read, a line each."""
+    import pwd
+
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    if system:
+        who = "the system arbiter: every user of this machine"
+    elif cfg.shared_state:
+        who = f"a shared arbiter run by {user} (state: {{shared: true}})"
+    else:
+        who = f"a per-user arbiter: {user}'s own"
+    lines = [f"socket {sd.socket} ({who}), pid {os.getpid()}",
+             f"configuration {cfg.path}" if cfg.path else
+             "configuration: the embedded defaults (no file)",
+             f"busy devices: {cfg.busy_devices}; cgroups: {cfg.cgroups}"]  # fmt: skip
+    for name, c in sorted(classes.items()):
+        lines.append(f"class {name}: {_devices(name, c)}")
+    return [f"{PROG}: {line}" for line in lines]
+
+
+def _devices(name: str, c: DeviceClass) -> str:
+    nodes = c.device_nodes()
+    if not nodes:
+        return "no device nodes here (one logical device)"
+    text = ", ".join(f"{name}:{i} {path}" for i, path in enumerate(nodes))
+    if c.shared_nodes:
+        text += f"; shared nodes {' '.join(c.shared_nodes)}"
+    return text
+
+
+def announce(sd: StateDir, cfg: Config, classes: dict[str, DeviceClass], system: bool,
+             stream: TextIO = sys.stderr) -> None:  # fmt: skip
+    """In the foreground: the banner on ``stream``, and every log event after it."""
+    from hold.records import Log
+
+    print("\n".join(banner(sd, cfg, classes, system)), file=stream, flush=True)
+    Log.console = stream
+
+
+def install(unit_dir: str, start: bool) -> Iterator[str]:
+    """``--install``: the lines to say, as each step is done; :class:`DaemonCommandError`
+    for a step that could not be."""
+    from hold.sysunit import install as install_unit
+    from hold.tokens import UnsafePath
+
+    if start and os.geteuid() != 0:
+        why = "the system daemon is installed by root (or use --no-start --unit-dir DIR"
+        raise DaemonCommandError(f"--install: {why} to write the unit only)", USAGE)
+    try:
+        yield from install_unit(unit_dir, start)
+    except UnsafePath as e:
+        raise DaemonCommandError(f"--install: {e}", USAGE) from None
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise DaemonCommandError(f"--install: {e}", TOOL) from None
+
+
+def reload(sd: StateDir) -> str:
+    """``--reload``: what the running daemon answered; :class:`DaemonCommandError` if not."""
+    from hold.client import Client, DaemonUnreachable
+
+    try:
+        ans = Client.connect(sd, autostart=False).request({"op": "reload"})
+    except (DaemonUnreachable, OSError, TimeoutError) as e:
+        raise DaemonCommandError(f"--reload: {e}", TOOL) from None
+    if ans.get("ev") != "reloaded":
+        raise DaemonCommandError(f"--reload: {ans.get('error')}", int(ans.get("code", TOOL)))
+    classes = ", ".join(f"{k} ({v})" for k, v in sorted(ans["classes"].items()))
+    return f"reloaded {ans.get('config') or 'the defaults'}: {classes}"
