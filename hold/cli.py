@@ -205,8 +205,8 @@ def status_cmd(as_json: bool) -> None:
 
 
 @cli.command("check")
-@click.option("--device", "cls", default="npu", show_default=True, help="Device class.",
-              shell_complete=class_values)  # fmt: skip
+@click.option("--device", "cls", default="npu", show_default=True, metavar="CLASS",
+              help="Device class.", shell_complete=class_values)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (version 1).")
 def check_cmd(cls: str, as_json: bool) -> None:
     """Exit 0 if this process runs inside a live lease of that class, else 1.
@@ -250,7 +250,7 @@ def release_cmd(lease_id: str) -> None:
 
 
 @cli.command("audit")
-@click.option("--device", "cls", default=None, help="Only this device class.",
+@click.option("--device", "cls", default=None, metavar="CLASS", help="Only this device class.",
               shell_complete=class_values)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
 @click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
@@ -373,13 +373,12 @@ def call_cmd(
 @cli.command("completion")
 @click.argument("shell", type=click.Choice(SHELLS))
 def completion_cmd(shell: str) -> None:
-    """Print the completion script of SHELL (bash, zsh, fish) for hold, npu-hold
-    and gpu-hold.
+    """Print the shell completion script of hold, npu-hold and gpu-hold.
 
     \b
-    bash (~/.bashrc):            eval "$(hold completion bash)"
-    zsh (~/.zshrc, after compinit): eval "$(hold completion zsh)"
-    fish (config.fish):          hold completion fish | source
+    bash, in ~/.bashrc:                eval "$(hold completion bash)"
+    zsh, in ~/.zshrc after compinit:   eval "$(hold completion zsh)"
+    fish, in config.fish:              hold completion fish | source
     """
     click.echo(script(shell, cli), nl=False)
 
