@@ -1,14 +1,24 @@
 """The benchmark of issue 3: what a ticket costs, how fast it changes hands, what
 an idle daemon costs.
 
-    .venv/bin/python -m bench.tickets                # defaults (about 2 minutes)
-    .venv/bin/python -m bench.tickets --idle 10      # a quicker idle measurement
+    .venv/bin/python -m bench.tickets                # defaults (about 3 minutes)
+    .venv/bin/python -m bench.tickets --only start,loop --tmp /dev/shm   # issue 13's
 
-Three parts, side by side in one run against the baselines the issue names:
+Four parts, side by side in one run against the baselines the issues name:
 
-1. **Uncontended start-up**: ``npu-hold -- true`` (a daemon already running)
-   against ``flock FILE true`` and ``python3 -c "import click"``, interleaved
+1. **Uncontended start-up**: ``npu-hold -- true`` with a node-backed class
+   (a configuration file, its daemon already running) and ``hold run --
+   true`` (no configuration file) against ``flock FILE true``,
+   ``python3 -c pass`` and ``python3 -c "import click"``, interleaved
    round-robin so noise spreads over all of them.
+4. **The loop** (issue 13): ``--workers`` shell loops (20) each running
+   ``npu-hold -- true`` ``--per-worker`` times (50) on one node-backed
+   device, beside the same loops of ``flock -x LOCK true``: acquisitions per
+   second, failed commands (must be none), and the daemon's own handoff from
+   its log: from a lease's ``session_ending`` (its holder said ``end``) to
+   the next ``granted``. ``--crowd N`` adds N idle processes (``sleep``) for
+   the whole run, as on a shared machine with many processes. ``--tmp``:
+   where the state goes (a daemon's is on tmpfs: /run, $XDG_RUNTIME_DIR).
 2. **Handoff latency** with 20 contending clients: the time from one holder's
    release to the next holder's grant, measured inside the clients with
    CLOCK_MONOTONIC (one clock for the whole machine). Three ways of taking
@@ -128,26 +138,92 @@ def handoffs(
     return [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(turns)]
 
 
-def start_times(runs: int, workdir: Path, env: dict[str, str]) -> dict[str, list[float]]:
+def start_times(
+    runs: int, workdir: Path, env: dict[str, str], node_env: dict[str, str]
+) -> dict[str, list[float]]:
+    """Wall times of each command; ``node_env`` has a configuration with a node-backed npu."""
     lockfile = workdir / "flock-file"
     lockfile.touch()
     commands = {
-        "npu-hold -- true": [str(VENV_BIN / "npu-hold"), "--", "true"],
-        "flock FILE true": ["flock", str(lockfile), "true"],
-        'python3 -c "import click"': [sys.executable, "-c", "import click"],
-        "python3 -c pass": [sys.executable, "-c", "pass"],
-    }
+        "npu-hold -- true (node-backed class)": ([str(VENV_BIN / "npu-hold"), "--", "true"],
+                                                 node_env),
+        "hold run -- true (no config file)": ([str(VENV_BIN / "hold"), "run", "--", "true"], env),
+        "flock FILE true": (["flock", str(lockfile), "true"], env),
+        'python3 -c "import click"': ([sys.executable, "-c", "import click"], env),
+        "python3 -c pass": ([sys.executable, "-c", "pass"], env),
+    }  # fmt: skip
     out: dict[str, list[float]] = {k: [] for k in commands}
-    for argv in commands.values():  # warm caches once
-        subprocess.run(argv, env=env, check=True, capture_output=True)
+    for _ in range(2):  # warm caches, .pyc files and the daemons
+        for argv, e in commands.values():
+            subprocess.run(argv, env=e, check=True, capture_output=True, stdin=subprocess.DEVNULL)
     for i in range(runs):
         names = list(commands)
         names = names[i % len(names) :] + names[: i % len(names)]
         for name in names:
+            argv, e = commands[name]
             t = time.perf_counter()
-            subprocess.run(commands[name], env=env, check=True, capture_output=True)
+            subprocess.run(argv, env=e, check=True, capture_output=True, stdin=subprocess.DEVNULL)
             out[name].append(time.perf_counter() - t)
     return out
+
+
+# One worker of the loop: runs its command N times, prints one line per failure.
+WORKER = 'i=0;while [ $i -lt "$0" ]; do "$@" </dev/null >/dev/null 2>&1||echo x$?; i=$((i+1)); done'
+
+
+def loop(argv: list[str], workers: int, per: int, env: dict[str, str]) -> dict[str, Any]:
+    """``workers`` shell loops of ``per`` runs of ``argv`` at once: rate and failures."""
+    t = time.perf_counter()
+    procs = [
+        subprocess.Popen(["sh", "-c", WORKER, str(per), *argv], env=env, stdout=subprocess.PIPE,
+                         text=True)
+        for _ in range(workers)
+    ]  # fmt: skip
+    fails = [line for p in procs for line in p.communicate()[0].splitlines()]
+    wall = time.perf_counter() - t
+    return {"wall_s": round(wall, 3), "runs": workers * per, "failed": len(fails),
+            "failures": fails[:10], "per_s": round(workers * per / wall, 1)}  # fmt: skip
+
+
+def daemon_handoffs(log: Path, since: float) -> list[float]:
+    """From the daemon's log (events after ``since``, wall clock): each lease's
+    ``session_ending`` to the next ``granted`` of its class, in ms."""
+    import datetime
+
+    gaps: list[float] = []
+    ending: dict[str, float] = {}  # class -> when its last lease began to end
+    cls_of: dict[str, str] = {}  # session -> class
+    for line in log.read_text().splitlines():
+        ev = json.loads(line)
+        ts = datetime.datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
+        if ts < since:
+            continue
+        if ev["event"] == "granted":
+            cls = "npu"  # the loop's one class
+            cls_of[ev["session"]] = cls
+            if cls in ending:
+                gaps.append((ts - ending.pop(cls)) * 1000)
+        elif ev["event"] == "session_ending" and ev["session"] in cls_of:
+            ending[cls_of[ev["session"]]] = ts
+    return gaps
+
+
+def loops(workers: int, per: int, workdir: Path, node_env: dict[str, str]) -> dict[str, Any]:
+    """The loop of ``npu-hold -- true`` and of ``flock -x LOCK true``, one after the other."""
+    lockfile = workdir / "loop-lock"
+    lockfile.touch()
+    since = time.time()
+    out = {"npu-hold -- true": loop([str(VENV_BIN / "npu-hold"), "--", "true"], workers, per,
+                                    node_env),
+           "flock -x LOCK true": loop(["flock", "-x", str(lockfile), "true"], workers, per,
+                                      node_env)}  # fmt: skip
+    log = Path(node_env["HOLD_STATE_DIR"]) / "daemon.log"
+    out["daemon_handoff_ms"] = [round(g, 3) for g in daemon_handoffs(log, since)]
+    return out
+
+
+def crowd(n: int) -> list[subprocess.Popen[bytes]]:  # idle processes, as on a shared machine
+    return [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
 
 
 def idle_daemon(seconds: float, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -212,38 +288,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=20, help="contenders for the handoff")
     ap.add_argument("--rounds", type=int, default=3, help="handoff races per method")
     ap.add_argument("--idle", type=float, default=60.0, help="idle measurement, seconds")
+    ap.add_argument("--workers", type=int, default=20, help="shell loops in the loop")
+    ap.add_argument("--per-worker", type=int, default=50, help="runs per loop")
+    ap.add_argument("--crowd", type=int, default=0, help="idle processes added for the run")
+    ap.add_argument("--only", default="start,handoff,idle,loop", help="parts, comma-separated")
+    ap.add_argument("--tmp", help="where the state directories go (default: $TMPDIR)")
     ap.add_argument("--name", default=time.strftime("tickets-%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
+    parts = set(args.only.split(","))
 
-    result: dict[str, Any] = {"machine": machine(), "load_start": loadavg()}
-    with tempfile.TemporaryDirectory(prefix="hold-bench-") as tmp:
+    result: dict[str, Any] = {"machine": machine(), "load_start": loadavg(),
+                              "params": vars(args)}  # fmt: skip
+    idle = crowd(args.crowd)
+    result["processes"] = sum(1 for n in os.listdir("/proc") if n.isdigit())
+    with tempfile.TemporaryDirectory(prefix="hold-bench-", dir=args.tmp) as tmp:
         work = Path(tmp)
         config = work / "config.yaml"
         config.write_text(f'devices:\n  bench:\n    nodes: ["{work}/dev*"]\n')
+        (work / "npudev0").touch()
+        node_config = work / "node-config.yaml"
+        node_config.write_text(f'devices:\n  npu:\n    nodes: ["{work}/npudev*"]\n')
         env = dict(os.environ, HOLD_STATE_DIR=str(work / "state"), HOLD_CONFIG=str(config),
                    PYTHONDONTWRITEBYTECODE="")  # fmt: skip
         # Start-up runs without a configuration file (as most machines run).
         plain_env = {k: v for k, v in env.items() if k != "HOLD_CONFIG"}
         plain_env["HOLD_STATE_DIR"] = str(work / "plain-state")
+        node_env = dict(env, HOLD_CONFIG=str(node_config), HOLD_STATE_DIR=str(work / "node-state"))
         try:
-            starts = start_times(args.runs, work, plain_env)
-            result["start"] = {k: [round(x * 1000, 3) for x in v] for k, v in starts.items()}
-            hand: dict[str, list[float]] = {}
-            for name, mode, tree in (("daemon, bare lease", "daemon", False),
-                                     ("daemon, lease + tree", "daemon", True),
-                                     ("flock(2)", "flock", False),
-                                     ("filelock", "filelock", False)):  # fmt: skip
-                gaps: list[float] = []
-                for _ in range(args.rounds):
-                    gaps += handoffs(mode, args.clients, work, plain_env, tree)
-                hand[name] = [round(g * 1000, 3) for g in gaps]
-            result["handoff_ms"] = hand
-            result["idle"] = idle_daemon(args.idle, work, env)
+            if "start" in parts:
+                starts = start_times(args.runs, work, plain_env, node_env)
+                result["start"] = {k: [round(x * 1000, 3) for x in v] for k, v in starts.items()}
+            if "loop" in parts:
+                result["loop"] = loops(args.workers, args.per_worker, work, node_env)
+            if "handoff" in parts:
+                result["handoff_ms"] = handoff_table(args.rounds, args.clients, work, plain_env)
+            if "idle" in parts:
+                result["idle"] = idle_daemon(args.idle, work, env)
         finally:
-            for state in ("state", "plain-state"):
+            for state in ("state", "plain-state", "node-state"):
                 lock = work / state / "daemon.lock"
                 if lock.exists():
                     subprocess.run(["kill", lock.read_text().strip()], check=False)
+            for p in idle:
+                p.kill()
+                p.wait()
     result["load_end"] = loadavg()
     print(table(result))
     RESULTS.mkdir(exist_ok=True)
@@ -251,21 +339,59 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def handoff_table(rounds: int, clients: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    hand: dict[str, list[float]] = {}
+    for name, mode, tree in (("daemon, bare lease", "daemon", False),
+                             ("daemon, lease + tree", "daemon", True),
+                             ("flock(2)", "flock", False),
+                             ("filelock", "filelock", False)):  # fmt: skip
+        gaps: list[float] = []
+        for _ in range(rounds):
+            gaps += handoffs(mode, clients, work, env, tree)
+        hand[name] = [round(g * 1000, 3) for g in gaps]
+    return hand
+
+
 def table(r: dict[str, Any]) -> str:
     m = r["machine"]
-    lines = [f"Machine: {m}; load {r['load_start']} -> {r['load_end']}", ""]
-    base = median(r["start"]['python3 -c "import click"'])
-    lines += ["| command | median ms | p90 ms | x import click |", "| --- | ---: | ---: | ---: |"]
-    for name, v in r["start"].items():
-        lines.append(f"| `{name}` | {median(v):.1f} | {percentile(v, 90):.1f} | "
-                     f"{median(v) / base:.2f} |")  # fmt: skip
-    lines += ["", f"Handoff, {len(next(iter(r['handoff_ms'].values())))} gaps each:", "",
-              "| method | p50 ms | p99 ms | max ms |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
-    for name, v in r["handoff_ms"].items():
-        lines.append(f"| {name} | {median(v):.2f} | {percentile(v, 99):.2f} | {max(v):.2f} |")
-    i = r["idle"]
-    lines += ["", f"Idle daemon with 5 leases: {i['cpu_ms']} ms CPU in {i['seconds']:g} s; "
-              f"RSS {i['rss_mb']} MB"]  # fmt: skip
+    lines = [f"Machine: {m}; {r['processes']} processes; load {r['load_start']} -> "
+             f"{r['load_end']}", ""]  # fmt: skip
+    if "start" in r:
+        py = median(r["start"]["python3 -c pass"])
+        click = median(r["start"]['python3 -c "import click"'])
+        lines += ["| command | median ms | p90 ms | x python3 -c pass | x import click |",
+                  "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for name, v in r["start"].items():
+            lines.append(f"| `{name}` | {median(v):.1f} | {percentile(v, 90):.1f} | "
+                         f"{median(v) / py:.2f} | {median(v) / click:.2f} |")  # fmt: skip
+    if "loop" in r:
+        lp = r["loop"]
+        w, n = r["params"]["workers"], r["params"]["per_worker"]
+        lines += [
+            "",
+            f"Loop: {w} workers x {n} runs each:",
+            "",
+            "| command | acquisitions/s | wall s | failed |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for name in ("npu-hold -- true", "flock -x LOCK true"):
+            x = lp[name]
+            lines.append(f"| `{name}` | {x['per_s']} | {x['wall_s']} | {x['failed']} |")
+        g = lp["daemon_handoff_ms"]
+        if g:
+            lines += ["", f"Daemon handoff in the loop (session_ending -> next granted, "
+                      f"{len(g)} gaps): p50 {median(g):.2f} ms, p99 {percentile(g, 99):.2f} ms, "
+                      f"max {max(g):.2f} ms"]  # fmt: skip
+    if "handoff_ms" in r:
+        n = len(next(iter(r["handoff_ms"].values())))
+        lines += ["", f"Handoff, {n} gaps each:", "", "| method | p50 ms | p99 ms | max ms |",
+                  "| --- | ---: | ---: | ---: |"]  # fmt: skip
+        for name, v in r["handoff_ms"].items():
+            lines.append(f"| {name} | {median(v):.2f} | {percentile(v, 99):.2f} | {max(v):.2f} |")
+    if "idle" in r:
+        i = r["idle"]
+        lines += ["", f"Idle daemon with 5 leases: {i['cpu_ms']} ms CPU in {i['seconds']:g} s; "
+                  f"RSS {i['rss_mb']} MB"]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from hold.conn import Conn
 from hold.devices import DeviceClass
 from hold.ledger import SessionRec
 from hold.records import Log, Records
+from hold.scancache import ScanCache
 from hold.statedir import StateDir
 from supervisor.cgroup import v2_mount
 from supervisor.exitcodes import USAGE
@@ -32,6 +33,11 @@ class DaemonState:
         self.sd = sd
         self.config_path = config_path
         self.config_digest = fingerprint(config_path)
+        # What a client whose file has this digest would read for `cgroups:`,
+        # sent with the session: such a client need not parse YAML itself.
+        self.cgroups = cgroups_mode(config_path)
+        if fingerprint(config_path) != self.config_digest:
+            self.cgroups = None  # changed while read: no promise about it
         self.system = system
         self.shared = shared or system
         # An autostarted daemon leaves after this long with nothing to do (no
@@ -42,6 +48,7 @@ class DaemonState:
         self.sizes: dict[str, int] = {}
         self.scanned: dict[str, bool] = {}
         self.set_classes(classes, {name: c.device_keys() for name, c in classes.items()})
+        self.scan_cache = ScanCache()  # what the holder scans read a moment ago
         self.grant_busy = grant_busy  # "wait" (the default) or "warn": see hold.occupancy
         self.locks = devlock.Locks(devlock.lock_dir(), self.wake)
         self.records = Records(sd, home_tokens, self.log_for)
@@ -51,6 +58,7 @@ class DaemonState:
         self.log: Log | None = None
         self.cg_mount = v2_mount()
         self.stopping = False
+        self.saves = 0  # writes of the state so far
         self.wake_w = -1  # the wakeup pipe's write end, once the daemon serves
 
     def set_classes(self, classes: dict[str, DeviceClass], keys: dict[str, list[str]]) -> None:
@@ -66,6 +74,7 @@ class DaemonState:
 
     def save(self) -> None:
         ledger.save(self.sd.state, list(self.sessions.values()))
+        self.saves += 1
 
     def log_for(self, event: str, s: SessionRec, **kw: Any) -> None:
         if self.log is not None:
@@ -78,7 +87,22 @@ class DaemonState:
         return {"kind": "system" if self.system else "per-user", "state_dir": self.sd.path,
                 "pid": os.getpid(), "user": user_name(os.geteuid()),
                 "config": self.config_path, "config_digest": self.config_digest,
+                "cgroups": self.cgroups,
                 "autostarted": self.idle_exit is not None}  # fmt: skip
+
+
+def cgroups_mode(path: str | None) -> str | None:
+    """The file's ``cgroups:`` setting; None if it cannot be read now (then
+    clients read their file themselves)."""
+    from hold.config import parse_file
+    from supervisor.parse import BadValue
+
+    if path is None:
+        return "auto"
+    try:
+        return parse_file(path).cgroups
+    except (BadValue, OSError):
+        return None
 
 
 def label_for(s: SessionRec, viewer: int) -> str | None:

@@ -13,6 +13,7 @@ import glob
 import os
 import re
 import stat
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from supervisor.parse import BadValue, did_you_mean
@@ -211,6 +212,21 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
     return out
 
 
+def classes_from_defs(defs: Mapping[str, Any]) -> dict[str, DeviceClass]:
+    """The classes as a daemon sent them (its ``class_defs``): what it grants from.
+
+    Already checked by the daemon when it read its configuration; taken as
+    they are (a daemon that sends nonsense gets nonsense back from the grant).
+    """
+    out: dict[str, DeviceClass] = {}
+    for name, d in defs.items():
+        if isinstance(d, dict):
+            out[str(name)] = DeviceClass(
+                str(name), *(tuple(str(v) for v in d.get(k) or ()) for k in _KEYS)
+            )
+    return out
+
+
 def _item_problem(key: str, item: str) -> str | None:
     """Why one item of a class's list is refused, or None."""
     if key == "visible_env":
@@ -233,12 +249,15 @@ _INDICES = re.compile(r"[0-9]{1,6}(?:,[0-9]{1,6})*", re.ASCII)
 
 
 def parse_device_spec(
-    text: str, classes: dict[str, DeviceClass], *, what: str = "--device"
-) -> tuple[str, tuple[int, ...] | None]:
+    text: str, classes: Mapping[str, DeviceClass], *, what: str = "--device",
+    sizes: Mapping[str, int] | None = None,
+) -> tuple[str, tuple[int, ...] | None]:  # fmt: skip
     """``gpu`` or ``gpu:0,2`` -> ``("gpu", None)`` / ``("gpu", (0, 2))``.
 
     Strict: ASCII digits only (``int()`` would take ``+1``, `` 1`` and other
     scripts' digits), each index once, each one a device of the class here.
+    ``sizes``: each class's device count as the daemon counts them (else
+    counted here, by globbing the nodes).
     """
     name, sep, rest = text.partition(":")
     if name not in classes:
@@ -246,7 +265,7 @@ def parse_device_spec(
                        + did_you_mean(name, sorted(classes)))  # fmt: skip
     if not sep:
         return name, None
-    count = classes[name].size()
+    count = sizes[name] if sizes is not None and name in sizes else classes[name].size()
     if not _INDICES.fullmatch(rest):
         raise BadValue(what, text, f"CLASS:INDEX[,INDEX...] with indices 0-{count - 1}")
     listed = [int(i) for i in rest.split(",")]

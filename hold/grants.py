@@ -66,7 +66,14 @@ class Grants:
                 self.schedule(cls)
                 return
 
-    def schedule(self, cls: str) -> None:
+    def schedule(self, cls: str, empty: frozenset[int] = frozenset()) -> None:
+        """Grant (or scan, then grant) what the line of ``cls`` can have now.
+
+        ``empty``: devices a scan found empty in this turn of the loop, after
+        the trees of the lease that held them were stopped, with their kernel
+        locks held since: granted now without a scan of their own (one scan
+        per handoff, not two). Used in this call only, never kept.
+        """
         q = self.queues[cls]
         waiting = [r for r in q if r.checking is None]
         # A lock file we could not open is tried again now (no event says it
@@ -85,7 +92,7 @@ class Grants:
                 break
         for pos, devices in reversed(grants):
             req = waiting[pos]
-            if self.st.scanned[cls]:
+            if self.st.scanned[cls] and not set(devices) <= empty:
                 self._verify(cls, req, devices)
             else:
                 q.remove(req)
@@ -134,7 +141,7 @@ class Grants:
 
         def work() -> None:
             try:
-                found = occupancy.holders_of(self.st.classes[cls], devices)
+                found = occupancy.holders_of(self.st.classes[cls], devices, self.st.scan_cache)
             except Exception as e:  # a failed scan must not grant a device blindly
                 found = {devices[0]: [{"pid": 0, "user": "?", "command": f"scan failed: {e!r}",
                                        "starttime": 0, "memory_bytes": None}]}  # fmt: skip

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from hold.devices import DeviceClass
+from hold.scancache import KTHREADD, ScanCache, kernel_threads, kthreadd_children
 from supervisor import procscan
 
 # A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
@@ -194,29 +195,44 @@ def read_proc(path: str) -> bytes:
         os.close(fd)
 
 
-def scan(tgts: dict[Key, Target], pids: Iterable[int] | None = None, threads: int = 0) -> Scan:
+def scan(
+    tgts: dict[Key, Target], pids: Iterable[int] | None = None, threads: int = 0,
+    cache: ScanCache | None = None,
+) -> Scan:  # fmt: skip
     """Who holds any of ``tgts`` now (one entry per process and node).
 
-    The work is system calls on /proc (which release the GIL), so it is spread
-    over a few threads: on two cores that nearly halves the wall time.
+    Kernel threads are not read, nor (with a ``cache``) processes read holding
+    nothing of ``tgts`` a moment ago: :mod:`hold.scancache` says which and why.
+    The work is system calls on /proc (which release the GIL), so a large
+    machine's is spread over a few threads: on two idle cores that nearly
+    halves the wall time; a small one's is not worth a thread's start.
     """
     import threading
 
     t0 = time.monotonic()
     me = os.getpid()
-    todo = [p for p in (procscan.pids() if pids is None else pids) if p != me]
+    kernel = kernel_threads() if pids is None else frozenset()
+    todo = [p for p in (procscan.pids() if pids is None else pids) if p != me and p not in kernel]
+    listed = len(todo) + len(kernel)
+    key = frozenset(tgts)
+    cursor = 0
+    if cache is not None:
+        todo, cursor = cache.start(key, todo)
     matcher = _Matcher(tgts)
-    threads = threads or min(4, os.cpu_count() or 1)
-    results: list[tuple[list[Holder], int]] = []
+    threads = threads or max(1, min(4, os.cpu_count() or 1, len(todo) // PER_THREAD))
+    results: list[tuple[list[Holder], int, list[int]]] = []
 
     def work(chunk: list[int]) -> None:
         holders: list[Holder] = []
+        empty: list[int] = []
         denied = 0
         for pid in chunk:
             found, no = matcher.inspect(pid)
             holders += found
             denied += no
-        results.append((holders, denied))  # list.append is atomic
+            if not found and not no:
+                empty.append(pid)
+        results.append((holders, denied, empty))  # list.append is atomic
 
     chunks: list[list[int]] = [todo[i::threads] for i in range(threads)]
     workers = [threading.Thread(target=work, args=(c,)) for c in chunks[1:]]
@@ -225,9 +241,19 @@ def scan(tgts: dict[Key, Target], pids: Iterable[int] | None = None, threads: in
     work(chunks[0])
     for w in workers:
         w.join()
-    holders = [h for part, _ in results for h in part]
-    denied = sum(d for _, d in results)
-    return Scan(holders, denied, len(todo), time.monotonic() - t0)
+    if kernel:
+        # A kernel thread that ended during the scan may have left its pid to
+        # a user process since: whoever has such a pid now is read too.
+        gone = sorted(kernel - kthreadd_children() - {KTHREADD})
+        work([p for p in gone if os.path.exists(f"/proc/{p}")])
+    if cache is not None:
+        cache.note(key, [p for _, _, e in results for p in e], cursor, t0)
+    holders = [h for part, _, _ in results for h in part]
+    denied = sum(d for _, d, _ in results)
+    return Scan(holders, denied, listed, time.monotonic() - t0)
+
+
+PER_THREAD = 250  # processes per scan thread (below that, one thread is faster)
 
 
 def _uid(pid: int) -> int:

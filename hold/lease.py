@@ -85,15 +85,14 @@ def acquire_lease(
 def _device_class(client: Client, cls: str) -> DeviceClass | None:
     """The daemon's definition of the class, where it sent one (it grants the
     devices, so its nodes are the ones the command is told about); else ours."""
-    from hold.config import load
-    from hold.devices import DeviceClass, classes_from_config
+    from hold.devices import classes_from_defs
 
-    theirs = (client.info.get("class_defs") or {}).get(cls)
-    if isinstance(theirs, dict):
-        return DeviceClass(
-            cls, *(tuple(str(v) for v in theirs.get(k) or ()) for k in
-                   ("nodes", "shared_nodes", "visible_env", "allowed_holders")),
-        )  # fmt: skip
+    theirs = classes_from_defs(client.info.get("class_defs") or {}).get(cls)
+    if theirs is not None:
+        return theirs
+    from hold.config import load  # only for a daemon that sent no classes
+    from hold.devices import classes_from_config
+
     cfg = load()
     return classes_from_config(cfg.devices, cfg.path).get(cls)
 

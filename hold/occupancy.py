@@ -26,6 +26,7 @@ from typing import Any
 
 from hold.devices import DeviceClass
 from hold.holders import Holder, details, device_memory, scan, targets
+from hold.scancache import ScanCache
 from supervisor import procscan
 from supervisor.identity import ProcessId, user_name
 from supervisor.stop import StopReport, stop_tree
@@ -37,13 +38,18 @@ def has_nodes(cls: DeviceClass) -> bool:
     return bool(cls.device_nodes())
 
 
-def holders_of(cls: DeviceClass, devices: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """device index -> who holds one of its nodes now (pid, user, command, memory)."""
+def holders_of(
+    cls: DeviceClass, devices: list[int], cache: ScanCache | None = None
+) -> dict[int, list[dict[str, Any]]]:
+    """device index -> who holds one of its nodes now (pid, user, command, memory).
+
+    ``cache``: the daemon's (see :mod:`hold.scancache`: processes read a moment
+    ago holding nothing are not read again)."""
     tgts = {k: t for k, t in targets({cls.name: cls}, cls.name).items()
             if t.unit is not None and t.unit in devices}  # fmt: skip
     if not tgts:
         return {}
-    found = [h for h in scan(tgts).holders if not cls.allows(h.pid, h.uid)]
+    found = [h for h in scan(tgts, cache=cache).holders if not cls.allows(h.pid, h.uid)]
     memory = device_memory(found)
     out: dict[int, list[dict[str, Any]]] = {}
     for h in found:
@@ -82,8 +88,9 @@ class LeftoverStop(StopReport):
 
 
 def stop_leftovers(
-    cls: DeviceClass, devices: list[int], *, uid: int | None, grace: float, granted: float
-) -> tuple[list[StopReport], dict[int, list[dict[str, Any]]]]:
+    cls: DeviceClass, devices: list[int], *, uid: int | None, grace: float, granted: float,
+    cache: ScanCache | None = None,
+) -> tuple[list[StopReport], dict[int, list[dict[str, Any]]]]:  # fmt: skip
     """Stop the trees of whoever still holds ``devices``; (reports, who still holds them).
 
     Only processes started after the lease was ``granted`` (wall clock) are
@@ -96,7 +103,8 @@ def stop_leftovers(
     """
     since = procscan.ticks_at(granted) - 2  # ticks of slack for rounding
     reports: list[StopReport] = []
-    for index, holders in holders_of(cls, devices).items():
+    found = holders_of(cls, devices, cache)
+    for index, holders in found.items():
         for h in holders:
             st = procscan.stat_of(h["pid"])
             if st is None or st.starttime != h["starttime"] or st.is_dead or h["pid"] == 1:
@@ -113,4 +121,7 @@ def stop_leftovers(
             )  # fmt: skip
             report = stop_tree(tree, grace=grace)
             reports.append(LeftoverStop(report, {**h, "class": cls.name, "device": index}))
-    return reports, holders_of(cls, devices)
+    # Scanned again only if something was stopped: otherwise the first scan,
+    # taken after the lease's trees were stopped, is the answer (and it
+    # serves the next grant too: see the module docstring).
+    return reports, holders_of(cls, devices, cache) if reports else found

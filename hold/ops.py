@@ -367,6 +367,7 @@ class Ops:
         self.grants.queues = {name: self.grants.queues.get(name, []) for name in classes}
         st.grant_busy, st.records.home_tokens = cfg.busy_devices, cfg.home_tokens
         st.config_path, st.config_digest = cfg.path, fingerprint(cfg.path)
+        st.cgroups = cfg.cgroups
         st.log.info("config_reloaded", config=cfg.path, classes=dict(st.sizes))
         return None
 

@@ -27,8 +27,9 @@ from supervisor.identity import ProcessId
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree
 
-# What a stop worker reports: the session, its stops, and the devices still held (by whom).
-Stopped = tuple[str, list[StopReport], dict[int, Any]]
+# What a stop worker reports: the session, its stops, the devices still held
+# (by whom), and those its scan found empty (see hold.occupancy).
+Stopped = tuple[str, list[StopReport], dict[int, Any], frozenset[int]]
 
 
 class Endings:
@@ -69,7 +70,7 @@ class Endings:
         if not trees and devices is None:
             # Nothing to stop or scan: end it in this turn of the loop (a
             # thread's start-up would be most of the handoff's latency).
-            self.done.put((s.session_id, [], {}))
+            self.done.put((s.session_id, [], {}, frozenset()))
             return
         args = (s.session_id, trees, grace, devices, uid)
         worker = threading.Thread(target=self._stop_worker, args=args, daemon=True)
@@ -82,6 +83,7 @@ class Endings:
                      uid: int | None) -> None:  # fmt: skip
         reports = []
         left: dict[int, Any] = {}
+        empty: frozenset[int] = frozenset()
         for tree, tree_grace in trees:
             try:
                 report = stop_tree(tree, grace=tree_grace)
@@ -99,41 +101,52 @@ class Endings:
             try:
                 more, left = occupancy.stop_leftovers(self.st.classes[devices[0]], devices[1],
                                                       uid=uid, grace=grace,
-                                                      granted=devices[2])  # fmt: skip
+                                                      granted=devices[2],
+                                                      cache=self.st.scan_cache)  # fmt: skip
                 reports += more
+                # Scanned after every tree of the lease was stopped: the
+                # next grant of these devices needs no scan of its own.
+                empty = frozenset(devices[1]) - set(left)
             except Exception as e:
                 assert self.st.log is not None
                 self.st.log.error("leftover_scan_failed", session=sid, error=repr(e))
-        self.done.put((sid, reports, left))
+        self.done.put((sid, reports, left, empty))
         self.st.wake(b"d")
 
     def finish(self) -> None:
         """The sessions whose stops are done: their devices handed on, their waiters answered."""
         while True:
             try:
-                sid, reports, left = self.done.get_nowait()
+                sid, reports, left, empty = self.done.get_nowait()
             except queue.Empty:
                 return
             s = self.st.sessions.pop(sid, None)
             self.ending.discard(sid)
             if s is not None:
-                self._finish_one(s, reports, left)
+                self._finish_one(s, reports, left, empty)
 
-    def _finish_one(self, s: SessionRec, reports: list[StopReport], left: dict[int, Any]) -> None:
+    def _finish_one(self, s: SessionRec, reports: list[StopReport], left: dict[int, Any],
+                    empty: frozenset[int]) -> None:  # fmt: skip
         survivors = [sv._asdict() for r in reports for sv in r.survivors]
         self._log_stops(s, reports, survivors)
         cls = s.lease.cls if s.lease else None
         if s.lease is not None:
             self._free_devices(s, left)
-        self.st.save()
         self.st.log_for("session_ended", s)
         owner = self.st.attached.pop(s.session_id, None)
         if owner is not None:
             owner.session = None
+        saves = self.st.saves
+        if cls is not None:
+            self.grants.schedule(cls, empty)
+        if self.st.saves == saves:
+            # One write of the state per handoff: a grant just made wrote this
+            # session's end with it (a crash before either write only means
+            # this end is done again after the restart: its trees are gone).
+            self.st.save()
         for waiter, ev in self.release_waiters.pop(s.session_id, []):
             waiter.send({"ev": ev, "survivors": survivors})
         if cls is not None:
-            self.grants.schedule(cls)
             self.st.records.remember(s)  # after the next grant: it is not on the handoff's path
         self.grants.release_idle_locks()
 
