@@ -162,7 +162,7 @@ def _install(unit_dir: str, start: bool) -> None:
         for line in install(unit_dir, start):
             click.echo(f"hold: {line}")
     except DaemonCommandError as e:
-        _fail(str(e), e.code)
+        _fail(str(e), e.exit_code)
     raise SystemExit(0)
 
 
@@ -173,7 +173,7 @@ def _reload() -> None:
     try:
         click.echo(f"hold: {reload(_state_dir())}")
     except DaemonCommandError as e:
-        _fail(str(e), e.code)
+        _fail(str(e), e.exit_code)
     raise SystemExit(0)
 
 

@@ -19,18 +19,19 @@ from typing import TextIO
 
 from hold.config import Config
 from hold.devices import DeviceClass
+from hold.errors import HoldError
 from hold.statedir import StateDir
 from supervisor.exitcodes import TOOL, USAGE
 
 PROG = "hold daemon"
 
 
-class DaemonCommandError(Exception):
-    """What ``--install`` / ``--reload`` could not do: the message, and the exit status."""
+class DaemonCommandError(HoldError):
+    """What ``--install`` / ``--reload`` could not do, and the exit status for it."""
 
     def __init__(self, msg: str, code: int) -> None:
         super().__init__(msg)
-        self.code = code
+        self.exit_code = code
 
 
 def banner(sd: StateDir, cfg: Config, classes: dict[str, DeviceClass], system: bool) -> list[str]:
