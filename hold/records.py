@@ -6,12 +6,13 @@ None of it authorises anything; the state that does is :mod:`hold.ledger`.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pwd
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple, TextIO
+from typing import Any, ClassVar, NamedTuple, TextIO, cast
 
 from hold.ledger import SessionRec
 from hold.statedir import StateDir
@@ -103,7 +104,7 @@ class Log:
             ],
         )
         self._echo = None if Log.console is None else structlog.wrap_logger(
-            structlog.PrintLogger(Log.console),
+            structlog.PrintLogger(cast(TextIO, _Echo(Log.console))),
             processors=[structlog.processors.add_log_level,
                         structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
                         structlog.dev.ConsoleRenderer(colors=Log.console.isatty())],
@@ -118,6 +119,46 @@ class Log:
         self._log.error(event, **kw)
         if self._echo is not None:
             self._echo.error(event, **kw)
+
+
+class _Echo(io.TextIOBase):
+    """A console the daemon's loop never waits on: lines go through a bounded queue
+    to a writer thread, and are dropped (and counted) when it is full -- a pipe
+    nobody reads must not stop the granting of devices."""
+
+    def __init__(self, stream: TextIO, depth: int = 1000) -> None:
+        import queue
+        import threading
+
+        super().__init__()
+        self.stream = stream
+        self.dropped = 0
+        self._q: queue.Queue[str] = queue.Queue(depth)
+        threading.Thread(target=self._write, name="console", daemon=True).start()
+
+    def write(self, text: str) -> int:
+        import queue
+
+        try:
+            self._q.put_nowait(text)
+        except queue.Full:
+            self.dropped += 1
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # the writer thread flushes each line
+
+    def _write(self) -> None:
+        while True:
+            text = self._q.get()
+            if self.dropped:
+                text = f"({self.dropped} lines dropped: nobody was reading)\n" + text
+                self.dropped = 0
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except (OSError, ValueError):
+                return  # the console is gone; the log file has every event
 
 
 class Records:

@@ -147,3 +147,23 @@ def test_detached_says_nothing_of_it(tmp_path: Path) -> None:
     assert res.returncode == 0, out.read_text()
     a_ticket()
     assert "hold daemon:" not in out.read_text() and "granted" not in out.read_text()
+
+
+def test_a_console_nobody_reads_never_stops_the_grants(isolated_hold: Path) -> None:
+    """Its stderr a pipe that is never read: the lines past the pipe's buffer are
+    dropped, and every ticket is still granted (the loop never waits on the console)."""
+    proc = subprocess.Popen([*HOLD, "daemon"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    label = "x" * 200  # each event's line carries it: the 64 KiB pipe fills in ~100 tickets
+    try:
+        serving(proc)
+        for _ in range(150):
+            res = subprocess.run([NPU_HOLD, "-l", label, "--", "true"], capture_output=True,
+                                 text=True, timeout=30)  # fmt: skip
+            assert res.returncode == 0, res.stderr
+    finally:
+        stop(proc)
+        assert proc.stderr is not None
+        proc.stderr.close()
+    log = (state_dir() / "daemon.log").read_text().splitlines()
+    assert sum('"event": "granted"' in ln for ln in log) == 150
