@@ -183,6 +183,7 @@ def _show(msg: dict[str, Any], name: str, as_json: bool) -> int:
         msg.pop("done", None)
         msg["stdout"] = out.decode("utf-8", "replace")
         msg["stack"] = name
+        msg["version"] = 1
         sys.stdout.write(json.dumps(msg, indent=2) + "\n")
         sys.stdout.flush()
         return code

@@ -296,11 +296,13 @@ def up_cmd(file: str, detach: bool, run_for: str | None, status_fd: int | None) 
 
 @cli.command("validate")
 @click.argument("file", type=click.Path())
-def validate_cmd(file: str) -> None:
-    """Check a stack FILE without starting anything (every error, with its line)."""
+@click.option("--json", "as_json", is_flag=True, help="The resolved stack as JSON (versioned).")
+def validate_cmd(file: str, as_json: bool) -> None:
+    """Check a stack FILE without starting anything (every error, with its line), and
+    show what hold up would do."""
     from hold.stackcmd import main_validate
 
-    raise SystemExit(main_validate(file))
+    raise SystemExit(main_validate(file, as_json))
 
 
 @cli.command("ps")
@@ -315,14 +317,21 @@ def ps_cmd(name: str | None, as_json: bool) -> None:
 
 @cli.command("logs")
 @click.argument("name", shell_complete=stack_values)
-@click.argument("unit", shell_complete=unit_values)
+@click.argument("unit", required=False, shell_complete=unit_values)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines while the stack runs.")
 @click.option("--lines", "-n", type=click.IntRange(min=0), help="Only the last N lines.")
-def logs_cmd(name: str, unit: str, follow: bool, lines: int | None) -> None:
-    """The output of UNIT in stack NAME (its log file)."""
+@click.option(
+    "--since",
+    metavar="DURATION|TIME",
+    help="Only lines from then on: 10m, 2h, 17:05, 2026-12-01T17:05.",
+)
+def logs_cmd(
+    name: str, unit: str | None, follow: bool, lines: int | None, since: str | None
+) -> None:
+    """The output of stack NAME: every unit's, interleaved by time, or UNIT's."""
     from hold.stackcmd import main_logs
 
-    raise SystemExit(main_logs(name, unit, follow, lines))
+    raise SystemExit(main_logs(name, unit, follow, lines, since))
 
 
 @cli.command("down")

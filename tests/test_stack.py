@@ -572,13 +572,9 @@ def test_no_such_stack_is_exit_1_for_every_command_with_did_you_mean(tmp_path: P
     assert hold("logs", "uxstack", "a").returncode == 0  # its logs outlive it
 
 
-def test_validate_shows_what_hold_up_would_do(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_validate_shows_what_hold_up_would_do(tmp_path: Path) -> None:
     """Services and one-shots in start order with their conditions, task units apart;
     --json is the resolved stack, versioned."""
-    from hold.stackcmd import main_validate
-
     path = write_stack(
         tmp_path,
         f"""
@@ -601,8 +597,9 @@ def test_validate_shows_what_hold_up_would_do(
     cmd: [{PY}, -c, "pass"]
 """,
     )
-    assert main_validate(str(path)) == 0
-    lines = capsys.readouterr().out.splitlines()
+    res = hold("validate", str(path))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
     assert lines[0] == f"{path}: stack t is valid: 3 unit(s) started by hold up, 1 task unit(s)"
     assert lines[1] == "start order:"
     assert [ln.split()[1:3] for ln in lines[2:5]] == [
@@ -617,8 +614,9 @@ def test_validate_shows_what_hold_up_would_do(
     assert lines[5].startswith("task units (never started by hold up")
     assert lines[6].split() == ["tool", "cpus", "0,", "timeout", "10s,", "concurrency", "1"]
 
-    assert main_validate(str(path), as_json=True) == 0
-    got = json.loads(capsys.readouterr().out)
+    res = hold("validate", "--json", str(path))
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
     assert got["version"] == 1 and got["stack"] == "t" and got["tasks"] == ["tool"]
     assert got["start_order"] == ["model", "migrate", "api"]
     assert got["stack_dir"] == str(tmp_path)

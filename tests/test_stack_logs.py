@@ -3,9 +3,7 @@ a line per run of the stack and per start or restart of a unit, every unit's log
 interleaved by time, ``--since``, ``-f`` over every unit, task call records as JSON
 lines. Real ``hold up --detach`` runs and real processes.
 
-``hold logs NAME`` (no UNIT) and ``--since`` are reached through
-:func:`hold.stackcmd.main_logs` in a child Python (:func:`logs`) until the click
-command in hold/cli.py takes them; ``hold logs NAME UNIT`` goes through the CLI.
+Every form goes through the real CLI (``hold logs NAME [UNIT] [--since S] [-n N] [-f]``).
 """
 
 from __future__ import annotations
@@ -33,21 +31,28 @@ def hold(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
-_LOGS = (
-    "import json, sys; from hold.stackcmd import main_logs; "
-    "sys.exit(main_logs(**json.loads(sys.argv[1])))"
-)
-
-
-def logs_argv(name: str, unit: str | None = None, **kw: object) -> list[str]:
-    return [PY, "-c", _LOGS, json.dumps({"name": name, "unit": unit, **kw})]
+def logs_argv(
+    name: str,
+    unit: str | None = None,
+    follow: bool = False,
+    lines: int | None = None,
+    since: str | None = None,
+) -> list[str]:
+    argv = [*HOLD, "logs", name, *([unit] if unit else [])]
+    if follow:
+        argv.append("-f")
+    if lines is not None:
+        argv += ["-n", str(lines)]
+    if since is not None:
+        argv += ["--since", since]
+    return argv
 
 
 def logs(name: str, unit: str | None = None, **kw: object) -> subprocess.CompletedProcess[str]:
-    """``hold logs NAME [UNIT] [--since S] [-n N]``, by its function (see the docstring)."""
+    """``hold logs NAME [UNIT] [--since S] [-n N]``."""
     return subprocess.run(
-        logs_argv(name, unit, **kw), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=60,
+        logs_argv(name, unit, **kw),  # type: ignore[arg-type]
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
 
