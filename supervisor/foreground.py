@@ -22,9 +22,10 @@ from typing import NamedTuple
 
 from supervisor import cgroup as cg
 from supervisor.cause import Cause
+from supervisor.containment import Containment
 from supervisor.exitcodes import EXPIRED, SURVIVORS, signalled
 from supervisor.spawn import Child, owned_pids, spawn
-from supervisor.stop import StopReport, reap_adopted, stop_tree
+from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -80,6 +81,7 @@ class Foreground:
         self.grace = grace
         self.stop_signal = stop_signal
         self.hierarchy = hierarchy
+        self.containment = Containment(hierarchy)
         self.interactive = interactive
         self.leaf: cg.Leaf | None = None
         self.child: Child | None = None
@@ -101,12 +103,7 @@ class Foreground:
     def prepare(self) -> cg.Leaf | None:
         """Create the cgroup leaf (if any) before the spawn; the caller may register it."""
         self._prepared = True
-        if self.hierarchy is not None:
-            self.leaf = self.hierarchy.create(f"hold-{self.tree_id}")
-        else:
-            from supervisor.reaper import become_subreaper
-
-            become_subreaper()
+        self.leaf = self.containment.home(f"hold-{self.tree_id}")
         return self.leaf
 
     def walk_note(self, cgroups: str = "auto") -> str:
@@ -240,8 +237,7 @@ class Foreground:
                         return cause
 
     def _on_sigchld(self, child: Child) -> None:
-        if self.leaf is None:
-            reap_adopted(owned_pids())
+        self.containment.reap_orphans(owned_pids())
         if not self.interactive:
             return
         # The command was stopped from the terminal (Ctrl-Z): like a shell,
@@ -274,8 +270,7 @@ class Foreground:
                 pass
 
     def _remove_leaf(self) -> None:
-        if self.leaf is not None and self.hierarchy is not None:
-            self.leaf.remove(self.hierarchy.base)
+        self.containment.release(self.leaf)
 
 
 def _noop(signum: int, frame: object) -> None:

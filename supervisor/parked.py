@@ -16,7 +16,8 @@ import os
 import threading
 
 from supervisor.calls import Launch
-from supervisor.cgroup import CgroupUnavailable, Hierarchy, Leaf
+from supervisor.cgroup import CgroupUnavailable, Leaf
+from supervisor.containment import Containment
 from supervisor.pipes import Pipes
 from supervisor.spawn import Child, SpawnError, spawn
 from supervisor.stop import stop_tree
@@ -47,19 +48,12 @@ class Parked:
         self.err_r = err_r
 
 
-def drop_leaf(leaf: Leaf | None, calls: Hierarchy | None) -> None:
-    """Remove a call's leaf (made under ``calls``, the unit's leaf) once it is empty."""
-    # A leaf with a survivor stays: the unit's tree still finds it there.
-    if leaf is not None and calls is not None and leaf.pids() == []:
-        leaf.remove(calls.base)
-
-
 class Parking:
-    """At most one stub parked for the next call, in a new leaf under ``calls``
-    (the unit's leaf); none without one (no leaf: no move to save time on).
-    Its methods may be called from any thread."""
+    """At most one stub parked for the next call, in a new home of ``calls`` (a
+    leaf inside the unit's); none when calls are not contained (no leaf: no
+    move to save time on). Its methods may be called from any thread."""
 
-    def __init__(self, launch: Launch, calls: Hierarchy | None) -> None:
+    def __init__(self, launch: Launch, calls: Containment) -> None:
         self.launch = launch
         self.calls = calls
         self._lock = threading.Lock()
@@ -69,7 +63,7 @@ class Parking:
 
     def refill(self) -> None:
         """Park a stub for the next call, if there is none and we are not closed."""
-        if self.calls is None:
+        if not self.calls.contained:
             return
         with self._lock:
             if self._closed or self._parked is not None or self._parking:
@@ -119,14 +113,14 @@ class Parking:
         stop_tree(tree, grace=1.0)
         parked.child.collect()
         parked.pipes.close_all()
-        drop_leaf(parked.leaf, self.calls)
+        self.calls.release(parked.leaf, only_if_empty=True)
 
     def _park(self) -> Parked | None:
-        assert self.calls is not None
         try:
-            leaf = self.calls.create(f"hold-{os.urandom(6).hex()}")
+            leaf = self.calls.home(f"hold-{os.urandom(6).hex()}")
         except CgroupUnavailable:
             return None  # the cold path will say why
+        assert leaf is not None  # refill parks only when calls are contained
         pipes = Pipes()
         try:
             in_r, in_w = pipes.make()
@@ -148,6 +142,6 @@ class Parking:
                     pipes.close(fd)
         except (SpawnError, OSError):
             pipes.close_all()
-            drop_leaf(leaf, self.calls)
+            self.calls.release(leaf, only_if_empty=True)
             return None
         return Parked(child, leaf, pipes, in_w, out_r, err_r)

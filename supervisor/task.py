@@ -34,10 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from supervisor.calls import Call, CallResult, Launch, Slots, call_record
-from supervisor.cgroup import CgroupUnavailable, Hierarchy, Leaf, hierarchy_for
+from supervisor.cgroup import CgroupUnavailable, Leaf, hierarchy_for
+from supervisor.containment import Containment
 from supervisor.environ import minimal_env
 from supervisor.exitcodes import CANCELLED, TOOL
-from supervisor.parked import Parking, drop_leaf
+from supervisor.parked import Parking
 from supervisor.parse import format_cpus
 from supervisor.runner import STDERR_TAIL, STDOUT_LIMIT, run_cold, run_in_scratch, run_parked
 from supervisor.stackfile import ArgSpec, UnitSpec, fill
@@ -97,7 +98,7 @@ class TaskRunner:
         self.concurrency = spec.concurrency or 1
         self.arg_specs: dict[str, ArgSpec] = dict(spec.args or {})
         self.leaf = leaf
-        self.calls_base = Hierarchy(leaf.path) if leaf is not None else None
+        self.calls = Containment.inside(leaf)  # each call in a leaf inside the unit's
         self.log = log
         self.on_end = on_end
         sig, grace = spec.stop.signal, spec.stop.grace
@@ -107,10 +108,10 @@ class TaskRunner:
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._closed = False
-        self._owned_leaf: tuple[Leaf, Hierarchy] | None = None
+        self._owned_leaf: tuple[Containment, Leaf] | None = None
         self.finished = 0
         # Parks in cgroup mode only, and not for a task with a scratch per call.
-        self._stubs = Parking(self._launch, None if spec.scratch else self.calls_base)
+        self._stubs = Parking(self._launch, Containment(None) if spec.scratch else self.calls)
         self._stubs.refill()
 
     # ------------------------------------------------------------------ embedding
@@ -148,27 +149,22 @@ class TaskRunner:
             pass_names=spec.pass_env,
             extra={**spec.env, **(extra_env or {}), "HOLD_UNIT": name},
         )
-        hierarchy = hierarchy_for(cgroups)
+        home = Containment(hierarchy_for(cgroups))
         # The log before the leaf: a link planted there is refused (UnsafePath)
         # before anything is made.
         log = RotatingLog(log_path) if log_path is not None else None
-        leaf = None
-        if hierarchy is not None:
-            try:
-                leaf = hierarchy.create(f"hold-{tree_id}")
-            except CgroupUnavailable:
-                if cgroups == "required":
-                    if log is not None:
-                        log.close()
-                    raise
-                hierarchy = None
-        if leaf is None:
-            from supervisor.reaper import become_subreaper
-
-            become_subreaper()
+        try:
+            leaf = home.home(f"hold-{tree_id}")
+        except CgroupUnavailable:
+            if cgroups == "required":
+                if log is not None:
+                    log.close()
+                raise
+            home = Containment(None)  # auto: the walk instead
+            leaf = home.home(f"hold-{tree_id}")
         runner = cls(name, spec, env=env, argv=argv, leaf=leaf, log=log, on_end=on_end)
-        if leaf is not None and hierarchy is not None:
-            runner._owned_leaf = (leaf, hierarchy)
+        if leaf is not None:
+            runner._owned_leaf = (home, leaf)
         return runner
 
     @classmethod
@@ -289,9 +285,9 @@ class TaskRunner:
                 results.append(c.result())
         self._stubs.close()  # no call is left to refill it
         if self._owned_leaf is not None:
-            leaf, hierarchy = self._owned_leaf
+            home, leaf = self._owned_leaf
             if not any(r.survivors for r in results):
-                leaf.remove(hierarchy.base)
+                home.release(leaf)
             self._owned_leaf = None
         if self.log is not None:
             with self._log_lock:
@@ -340,11 +336,11 @@ class TaskRunner:
                 return run_parked(self._launch, call, parked, queued)
             finally:
                 parked.pipes.close_all()
-                drop_leaf(parked.leaf, self.calls_base)
+                self.calls.release(parked.leaf, only_if_empty=True)
         leaf = None
-        if self.calls_base is not None:
+        if self.calls.contained:
             try:
-                leaf = self.calls_base.create(f"hold-{call.id}")
+                leaf = self.calls.home(f"hold-{call.id}")
             except CgroupUnavailable as e:
                 return call.failed(TOOL, f"cgroups: {e}", queued)
         try:
@@ -352,7 +348,7 @@ class TaskRunner:
                 return run_in_scratch(self._launch, call, leaf, queued, self.spec.scratch)
             return run_cold(self._launch, call, leaf, queued)
         finally:
-            drop_leaf(leaf, self.calls_base)
+            self.calls.release(leaf, only_if_empty=True)
 
     def _record(self, r: CallResult) -> None:
         if self.log is None:
