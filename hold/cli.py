@@ -204,6 +204,21 @@ def status_cmd(as_json: bool) -> None:
     main_status(_client().request({"op": "status"}), as_json)
 
 
+@cli.command("web")
+@click.option("--listen", default="127.0.0.1:8377", show_default=True, metavar="ADDRESS:PORT",
+              help="Where to serve; any address but loopback only when asked (it warns "
+              "what it exposes).")  # fmt: skip
+def web_cmd(listen: str) -> None:
+    """A read-only status page: devices, holders, queue, strays, device memory, live.
+
+    GET only: it releases nothing and kills nothing. Loopback by default.
+    """
+    from hold.web import main_web
+
+    _cfg, classes = _classes()
+    raise SystemExit(main_web(_state_dir(), classes, listen))
+
+
 @cli.command("check")
 @click.option("--device", "cls", default="npu", show_default=True, metavar="CLASS",
               help="Device class.", shell_complete=class_values)  # fmt: skip

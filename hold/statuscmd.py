@@ -21,13 +21,17 @@ HEAD = ("DEVICE", "STATE", "LEASE", "USER", "PID", "UNTIL", "SINCE", "LABEL")
 def main_status(ans: dict[str, Any], as_json: bool) -> None:
     """Print the daemon's ``status`` answer ``ans``."""
     if as_json:
-        doc = {"version": 1, "arbiter": ans.get("arbiter"), "classes": ans["classes"]}
-        print(json.dumps(doc, indent=2, sort_keys=True))
+        print(json.dumps(status_document(ans), indent=2, sort_keys=True))
         return
     width = columns(sys.stdout)
     lines = [fit(arbiter_line(ans), width)]
     lines += status_lines(ans) if width is None else status_table(ans, width)
     print("\n".join(lines))
+
+
+def status_document(ans: dict[str, Any]) -> dict[str, Any]:
+    """``hold status --json`` (version 1); ``hold web``'s ``/status.json`` is the same."""
+    return {"version": 1, "arbiter": ans.get("arbiter"), "classes": ans["classes"]}
 
 
 def arbiter_line(ans: dict[str, Any]) -> str:
