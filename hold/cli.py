@@ -206,17 +206,12 @@ def status_cmd(as_json: bool) -> None:
 
 @cli.command("web")
 @click.option("--listen", default="127.0.0.1:8377", show_default=True, metavar="ADDRESS:PORT",
-              help="Where to serve; any address but loopback only when asked (it warns "
-              "what it exposes).")  # fmt: skip
+              help="Where to serve; not loopback only when asked (it warns).")  # fmt: skip
 def web_cmd(listen: str) -> None:
-    """A read-only status page: devices, holders, queue, strays, device memory, live.
-
-    GET only: it releases nothing and kills nothing. Loopback by default.
-    """
+    """A read-only status page, live: devices, holders, queue, strays (GET only)."""
     from hold.web import main_web
 
-    _cfg, classes = _classes()
-    raise SystemExit(main_web(_state_dir(), classes, listen))
+    raise SystemExit(main_web(_state_dir(), _classes()[1], listen))
 
 
 @cli.command("check")
