@@ -6,7 +6,8 @@ small JSON documents, each computed at most once per :data:`FRESH_S` however
 many ask. Read-only by construction: GET and HEAD only (anything else 405),
 and no route acts; the documents are the commands' own (``/status.json`` is
 ``hold status --json``, made by :func:`hold.statuscmd.status_document`;
-``/audit.json`` is ``hold audit --json`` without ``--kill``).
+``/audit.json`` is ``hold audit --json`` without ``--kill``; ``/report.json``
+is ``hold report --json``; ``/metrics`` is ``hold metrics``).
 
 The page's HTML, JS and CSS are files in ``hold/webpage/`` (package data),
 served from their own paths so that the Content-Security-Policy forbids every
@@ -16,7 +17,6 @@ through ``textContent`` only.
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import json
 import os
@@ -36,6 +36,7 @@ from supervisor.parse import BadValue
 
 DEFAULT_LISTEN = "127.0.0.1:8377"
 FRESH_S = 1.0  # a document is recomputed at most this often (the audit scans /proc)
+REPORT_FRESH_S = 10.0  # the report reads the whole history
 BODY_MAX = 65536  # a refused request's body read before the answer, at most
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -117,71 +118,67 @@ class _Fresh:
 
 
 class Sources:
-    """Where the page's documents come from (a test swaps in its own)."""
+    """Where the page's documents come from, each the command's own (a test swaps
+    in its own Sources)."""
 
-    def __init__(self, sd: StateDir, classes: dict[str, DeviceClass]) -> None:
-        self.sd, self.classes = sd, classes
-        self._status = _Fresh(self._ask_status)
+    def __init__(self, sd: StateDir, classes: dict[str, DeviceClass],
+                 report_labels: bool = False) -> None:  # fmt: skip
+        self.sd, self.classes, self.report_labels = sd, classes, report_labels
+        self._answer = _Fresh(self._ask_status)  # the daemon's status answer, whole
         self._audit = _Fresh(self._scan)
+        self._report = _Fresh(self._ask_report, REPORT_FRESH_S)
 
     def status(self) -> dict[str, Any]:
         """``hold status --json``'s document."""
-        doc: dict[str, Any] = self._status.get()
-        return doc
+        from hold.statuscmd import status_document
+
+        return status_document(self._answer.get())
 
     def audit(self) -> dict[str, Any]:
         """``hold audit --json``'s document (every class; nothing killed)."""
         doc: dict[str, Any] = self._audit.get()
         return doc
 
-    def report(self) -> dict[str, Any] | None:
-        """``hold report --json``'s document; None while hold has no report."""
-        make = _provider(*REPORT)
-        return None if make is None else dict(make(self.sd))
+    def report(self) -> dict[str, Any]:
+        """``hold report --json``'s document (the whole history)."""
+        doc: dict[str, Any] = self._report.get()
+        return doc
 
-    def metrics(self) -> str | None:
-        """``hold metrics``' text; None while hold has no metrics."""
-        render = _provider(*METRICS)
-        return None if render is None else str(render(self.sd))
+    def metrics(self) -> str:
+        """``hold metrics``' text: its renderer, over the same status and audit."""
+        from hold.metrics import render
+
+        return render({"status": self._answer.get(), "audit": self.audit()})
 
     def _ask_status(self) -> dict[str, Any]:
         from hold.client import Client, DaemonUnreachable
         from hold.protocol import ProtocolError
-        from hold.statuscmd import status_document
 
         try:  # never starts a daemon: a page left open must not keep one alive
             client = Client.connect(self.sd, autostart=False)
         except DaemonUnreachable as e:
             raise Unavailable(f"{e} (the page starts none)") from None
         try:
-            return status_document(client.request({"op": "status"}))
+            ans: dict[str, Any] = client.request({"op": "status"})
         except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
             raise Unavailable(f"the daemon did not answer: {e}") from None
         finally:
             client.close()
+        return ans
 
     def _scan(self) -> dict[str, Any]:
         from hold.audit import build_report
 
         return build_report(self.sd, self.classes, None)
 
+    def _ask_report(self) -> dict[str, Any]:
+        from hold.errors import HoldError
+        from hold.reportcmd import fetch
 
-# THE SEAM for `hold report` and `hold metrics` (issue 15; hold/reportcmd.py
-# and hold/metrics.py, written elsewhere). Until those functions exist,
-# /report.json and /metrics answer 404 and the page says the report is not in
-# this version; once they do, this table is the only place to change: each
-# takes the StateDir and returns the JSON document / the exposition text.
-REPORT = ("hold.reportcmd", "report_document")
-METRICS = ("hold.metrics", "render_metrics")
-
-
-def _provider(module: str, name: str) -> Callable[[StateDir], Any] | None:
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        return None
-    fn = getattr(mod, name, None)
-    return fn if callable(fn) else None
+        try:
+            return fetch(self.sd, 0.0, self.report_labels)
+        except HoldError as e:
+            raise Unavailable(str(e)) from None
 
 
 # ------------------------------------------------------------------ the server
@@ -244,16 +241,9 @@ class Handler(BaseHTTPRequestHandler):
             elif path in ("/status.json", "/audit.json", "/report.json"):
                 doc = {"/status.json": src.status, "/audit.json": src.audit,
                        "/report.json": src.report}[path]()  # fmt: skip
-                if doc is None:
-                    self._json(404, {"error": "no usage report in this version of hold"})
-                else:
-                    self._json(200, doc)
+                self._json(200, doc)
             elif path == "/metrics":
-                text = src.metrics()
-                if text is None:
-                    self._send(404, b"no metrics in this version of hold\n", METRICS_TYPE)
-                else:
-                    self._send(200, text.encode(), METRICS_TYPE)
+                self._send(200, src.metrics().encode(), METRICS_TYPE)
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
         except Unavailable as e:
@@ -304,7 +294,7 @@ def main_web(sd: StateDir, classes: dict[str, DeviceClass], listen: str) -> int:
         return USAGE
     _start_daemon(sd)
     try:
-        server = WebServer(where, Sources(sd, classes))
+        server = WebServer(where, Sources(sd, classes, _report_labels()))
     except OSError as e:
         print(f"hold: cannot listen on {listen}: {e.strerror or e}", file=sys.stderr)
         return USAGE
@@ -318,6 +308,13 @@ def main_web(sd: StateDir, classes: dict[str, DeviceClass], listen: str) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _report_labels() -> bool:
+    """The configuration's ``report: {labels: ...}`` (``hold report`` reads it too)."""
+    from hold.config import load
+
+    return load().report_labels  # read once already by the command: it is good
 
 
 def _start_daemon(sd: StateDir) -> None:

@@ -230,6 +230,7 @@ def test_the_page_in_a_browser_shows_the_lease_and_the_stray(
     covered = holders[str(scene.covered)]
     assert covered[0] == "npu:0" and covered[6] == f"{scene.lease} '{LABEL}'"
     assert "1 stray" in page.texts["holders-summary"]
+    assert "per user" in page.texts["report"] and me in page.texts["report"]
 
     # The hostile label made no element and ran nothing: the only script is
     # the page's own, no image exists, and the title is the page's.
@@ -313,7 +314,34 @@ def test_loopback_by_default_and_a_warning_for_any_other_address(tmp_path: Path)
 
 
 # --------------------------------------------------------------------------
-# The seam for hold report and hold metrics, and the page's live refresh.
+# hold report and hold metrics, and the page's live refresh.
+
+
+def _samples(text: str) -> dict[str, str]:
+    """Prometheus text: each sample's name and labels -> its value."""
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    return dict(ln.rsplit(" ", 1) for ln in lines)
+
+
+def test_report_and_metrics_are_the_commands(scene: Scene, served: str) -> None:
+    code, headers, body = get(served, "/metrics")
+    assert code == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    page, cli = _samples(body.decode()), _samples(hold("metrics"))
+    assert page.keys() == cli.keys()
+    moving = ("hold_device_lease_age_seconds", "hold_audit_not_inspected_processes")
+    assert {k: v for k, v in page.items() if not k.startswith(moving)} == {
+        k: v for k, v in cli.items() if not k.startswith(moving)
+    }
+    assert page['hold_device_leased{class="npu",index="0"}'] == "1"
+    assert page['hold_device_strays{class="npu",index="1"}'] == "1"
+
+    code, _, body = get(served, "/report.json")
+    doc, want = json.loads(body), json.loads(hold("report", "--json"))
+    assert code == 200 and doc["version"] == want["version"] == 1
+    for key in ("users", "devices"):  # the live lease's time grows between the two
+        assert [(x.get("user"), x.get("device"), x["leases"]) for x in doc[key]] == [
+            (x.get("user"), x.get("device"), x["leases"]) for x in want[key]
+        ]
 
 
 class FakeSources(web.Sources):
@@ -329,10 +357,12 @@ class FakeSources(web.Sources):
         return {"version": 1, "holders": [], "stray": 0, "not_inspected": 0, "processes": 9,
                 "scan_seconds": 0.0}  # fmt: skip
 
-    def report(self) -> dict[str, Any] | None:
-        return {"version": 1, "since": "1d", "users": [{"user": "ann", "leased_s": 3600}]}
+    def report(self) -> dict[str, Any]:
+        user = {"user": "ann", "leases": 2, "leased_s": 3600, "labels": {"<b>x</b>": 60}}
+        return {"version": 1, "since": None, "now": 1.8e9, "users": [user], "devices": [],
+                "strays": []}  # fmt: skip
 
-    def metrics(self) -> str | None:
+    def metrics(self) -> str:
         return 'hold_device_leased{class="npu",index="0"} 0\n'
 
 
@@ -350,44 +380,16 @@ def fake_server() -> Iterator[tuple[str, FakeSources]]:
         t.join(10)
 
 
-def test_the_seam_for_report_and_metrics(
-    fake_server: tuple[str, FakeSources], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    url, _ = fake_server
-    code, _, body = get(url, "/report.json")
-    assert code == 200 and json.loads(body)["users"] == [{"user": "ann", "leased_s": 3600}]
-    code, headers, body = get(url, "/metrics")
-    assert code == 200 and body.startswith(b"hold_device_leased{")
-    assert headers["content-type"].startswith("text/plain; version=0.0.4")
-
-    # The real Sources finds them by the names in web.REPORT / web.METRICS.
-    real = web.Sources.__new__(web.Sources)
-    real.sd = None  # type: ignore[assignment]
-    monkeypatch.setattr(web, "REPORT", ("hold.no_such_module", "report_document"))
-    monkeypatch.setattr(web, "METRICS", ("json", "no_such_function"))
-    assert real.report() is None and real.metrics() is None
-    monkeypatch.setattr(web, "REPORT", ("test_web", "_report_for_the_seam"))
-    monkeypatch.setattr(web, "METRICS", ("test_web", "_metrics_for_the_seam"))
-    assert real.report() == {"version": 1, "sd": None}
-    assert real.metrics() == "hold_up 1\n"
-
-
-def _report_for_the_seam(sd: Any) -> dict[str, Any]:
-    return {"version": 1, "sd": sd}
-
-
-def _metrics_for_the_seam(sd: Any) -> str:
-    return "hold_up 1\n"
-
-
 @needs_browser
 def test_the_page_polls_and_shows_the_report(
     fake_server: tuple[str, FakeSources], tmp_path: Path
 ) -> None:
     url, src = fake_server
-    page = Tables(browse(url, tmp_path, "hold-web-report.png"))
+    dom = browse(url, tmp_path, "hold-web-report.png")
+    page = Tables(dom)
     assert src.asked >= 2  # polled again within the 5 s of virtual time
     assert rows_with(page.tables["devices"], "npu:0")[0][1] == "free"
-    report = page.texts["report"]
-    assert "since: 1d" in report and "users" in report and "leased_s" in report
-    assert "leased_suser3600ann" in report.replace(" ", "")  # a table, keys sorted
+    report = " ".join(page.texts["report"].split())
+    assert "from the start to" in report and "per user" in report
+    assert "LEASED" in report and "ann" in report and "1h 00m" in report
+    assert "<b>x</b> 60" in report and "<b>" not in dom  # a label, as text

@@ -153,21 +153,43 @@
     setTimeout(refresh, POLL_MS);
   }
 
-  // The report's shape is hold report's: scalars as "key: value" lines, each
-  // list of objects as a table of their keys.
+  // hold report --json: each list as a table, hold report's columns first,
+  // seconds (keys ending in _s) as durations.
+  const REPORT_TITLES = { users: "per user", devices: "per device", strays: "strays seen" };
+  const REPORT_FIRST = ["user", "device", "seen", "pid", "leases", "leased_s", "held_s",
+    "wait_median_s", "wait_max_s", "expiries", "releases", "strays", "labels"];
+
+  function reportCell(key, v) {
+    if (v === null || v === undefined) return "-";
+    if (typeof v === "number" && key.endsWith("_s")) return span(v);
+    if (typeof v === "number" && key === "seen") return clock(v);
+    if (typeof v !== "object") return String(v);
+    const part = ([k, x]) => `${k} ${typeof x === "number" ? x : JSON.stringify(x)}`;
+    return Object.entries(v).map(part).join(", ");
+  }
+
+  function reportTable(list) {
+    const keys = [...new Set(list.flatMap((x) => Object.keys(x)))];
+    const cols = [...REPORT_FIRST.filter((k) => keys.includes(k)),
+      ...keys.filter((k) => !REPORT_FIRST.includes(k))];
+    const t = el("table");
+    const wide = (c) => (c === "labels" || c === "command" || c === "ends" ? "wrap" : "");
+    const head = (c) => c.replace(/_s$/, "").replace(/_/g, " ").toUpperCase();
+    fill(t, cols.map(head),
+      list.map((x) => row(cols.map((c) => [reportCell(c, x[c]), wide(c)]))));
+    return t;
+  }
+
   function renderReport(doc) {
-    const out = [];
-    const lines = el("p", "summary");
-    const scalars = Object.entries(doc).filter(([, v]) => v === null || typeof v !== "object");
-    lines.textContent = scalars.map(([k, v]) => `${k}: ${v}`).join("  \u00b7  ");
-    if (scalars.length) out.push(lines);
-    for (const [key, value] of Object.entries(doc)) {
-      if (!Array.isArray(value) || !value.every((x) => x && typeof x === "object")) continue;
-      const cols = [...new Set(value.flatMap((x) => Object.keys(x)))];
-      const t = el("table");
-      const cell = (v) => (v !== null && typeof v === "object" ? JSON.stringify(v) : v);
-      fill(t, cols, value.map((x) => row(cols.map((c) => [cell(x[c]), "wrap"]))));
-      out.push(el("h3", null, key), t);
+    const from = doc.since ? clock(doc.since) : "the start";
+    const out = [el("p", "summary",
+      `from ${from} to ${clock(doc.now)} (device time; held: seen in use)`)];
+    const known = Object.keys(REPORT_TITLES).filter((k) => k in doc);
+    for (const key of [...known, ...Object.keys(doc).filter((k) => !known.includes(k))]) {
+      const list = doc[key];
+      if (!Array.isArray(list) || !list.every((x) => x && typeof x === "object")) continue;
+      out.push(el("h3", null, REPORT_TITLES[key] || key));
+      out.push(list.length ? reportTable(list) : el("p", "summary", "none"));
     }
     return out;
   }
@@ -177,9 +199,7 @@
       const rep = await getJSON("/report.json");
       const box = $("report");
       if (rep.ok) box.replaceChildren(...renderReport(rep.doc));
-      else if (rep.status === 404) {
-        box.replaceChildren(el("p", "summary", "not available: this hold has no usage report"));
-      } else box.replaceChildren(el("p", "summary", `report: ${rep.doc.error}`));
+      else box.replaceChildren(el("p", "summary", `report: ${rep.doc.error}`));
     } catch (e) {
       $("report").replaceChildren(el("p", "summary", `report: ${e}`));
     }
