@@ -19,6 +19,7 @@ from hold.completion import (
     stack_values,
     unit_values,
 )
+from hold.reportcli import metrics_cmd, report_cmd
 from hold.runargs import help_text
 from supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
 from supervisor.parse import BadValue
@@ -82,23 +83,12 @@ SYSTEM_DIR = "/run/hold"
 @click.option("--system", is_flag=True,
               help="Serve every user of this machine (as root, in /run/hold: what the "
               "systemd unit runs).")  # fmt: skip
-@click.option(
-    "--reload",
-    "reload_",
-    is_flag=True,
-    help="Make the running daemon re-read its configuration, and exit.",
-)
-@click.option(
-    "--install",
-    is_flag=True,
-    help="Install the system daemon's systemd unit and start it (as root).",
-)
-@click.option(
-    "--unit-dir",
-    default="/etc/systemd/system",
-    show_default=True,
-    help="With --install: where the unit goes.",
-)
+@click.option("--reload", "reload_", is_flag=True,
+              help="Make the running daemon re-read its configuration, and exit.")  # fmt: skip
+@click.option("--install", is_flag=True,
+              help="Install the system daemon's systemd unit and start it (as root).")  # fmt: skip
+@click.option("--unit-dir", default="/etc/systemd/system", show_default=True,
+              help="With --install: where the unit goes.")  # fmt: skip
 @click.option("--no-start", is_flag=True, help="With --install: write the unit only.")
 def daemon_cmd(detach: bool, idle_exit: str | None, system: bool, reload_: bool,
                install: bool, unit_dir: str, no_start: bool) -> None:  # fmt: skip
@@ -402,4 +392,6 @@ def completion_cmd(shell: str) -> None:
     click.echo(script(shell, cli), nl=False)
 
 
+cli.add_command(report_cmd)  # hold report, hold metrics: hold/reportcli.py
+cli.add_command(metrics_cmd)
 __all__ = ["cli", "help_text"]

@@ -32,6 +32,10 @@ class Config(NamedTuple):
     # it is empty) or "warn" (granted, and the client is told who holds it).
     busy_devices: str = "wait"
     devices: Any = None  # the YAML node; read by the device classes
+    # report: {labels: true}: hold report shows other users' labels (not
+    # private ones); {sample: 30s}: how often live leases are scanned for "held".
+    report_labels: bool = False
+    report_sample: float = 30.0
 
 
 def config_path(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
@@ -74,7 +78,7 @@ def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:
     return parse_file(path)
 
 
-TOP_KEYS = ("busy_devices", "cgroups", "compat", "devices", "state")
+TOP_KEYS = ("busy_devices", "cgroups", "compat", "devices", "report", "state")
 # What people type for our keys (from other tools, or by habit).
 SYNONYMS = {
     "cgroup": "cgroups", "cgroup_mode": "cgroups", "use_cgroups": "cgroups",
@@ -110,6 +114,8 @@ def parse_file(path: str) -> Config:
             values["busy_devices"] = _choice(vnode, path, "busy_devices", BUSY_MODES)
         elif key == "devices":
             values["devices"] = vnode
+        elif key == "report":
+            values.update(_report(vnode, path))
         else:
             raise BadValue(
                 "key", key, "one of " + ", ".join(TOP_KEYS) + did_you_mean(key, TOP_KEYS, SYNONYMS),
@@ -145,6 +151,27 @@ def _flag(node: Any, path: str, section: str, name: str) -> bool:
             raise BadValue(f"{section}.{name}", text, "true or false", where)
         value = text == "true"
     return value
+
+
+def _report(node: Any, path: str) -> dict[str, Any]:
+    """``report: {labels: true|false, sample: DURATION}`` (see :mod:`hold.usage`)."""
+    from supervisor.parse import parse_duration
+
+    out: dict[str, Any] = {}
+    for key, (knode, vnode) in _mapping(node, path, "report").items():
+        where = f"{path}:{knode.start_mark.line + 1}"
+        if key == "labels":
+            shown = _choice(vnode, path, "report.labels", ("true", "false"))
+            out["report_labels"] = shown == "true"
+        elif key == "sample":
+            out["report_sample"] = parse_duration(_scalar(vnode, path), what="report.sample",
+                                                  plain_unit="seconds", where=where)  # fmt: skip
+            if not 0.1 <= out["report_sample"] <= 3600:
+                raise BadValue("report.sample", _scalar(vnode, path), "0.1s to 1h", where)
+        else:
+            raise BadValue("key report.", key, "labels or sample"
+                           + did_you_mean(key, ("labels", "sample")), where)  # fmt: skip
+    return out
 
 
 def _mapping(node: Any, path: str, what: str) -> dict[str, tuple[Any, Any]]:

@@ -7,6 +7,7 @@ import array
 import collections
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +21,8 @@ MAX_UNSENT = 1 << 20  # bytes a client may leave unread before its connection is
 class Request:
     """A client waiting in line for devices of one class."""
 
-    __slots__ = ("allowed", "checking", "conn", "count", "grace", "indices", "label", "private",
-                 "seq", "tree", "ttl", "wait")  # fmt: skip
+    __slots__ = ("allowed", "arrived", "checking", "conn", "count", "grace", "indices", "label",
+                 "private", "seq", "tree", "ttl", "wait")  # fmt: skip
 
     def __init__(self, conn: Conn, seq: int, count: int, indices: tuple[int, ...] | None,
                  label: str, ttl: float, grace: float, tree: TreeRec | None) -> None:  # fmt: skip
@@ -37,6 +38,7 @@ class Request:
         self.wait = True  # False: --no-wait, answered "busy" rather than queued
         self.private = False  # the label is shown to its owner and root only
         self.allowed: frozenset[int] | None = None  # the devices the client can use
+        self.arrived = time.time()  # when it joined the line (hold report's waits)
 
 
 class Conn:

@@ -17,10 +17,12 @@ from hold import devlock, ledger, occupancy
 from hold.config import fingerprint
 from hold.conn import Conn
 from hold.devices import DeviceClass
+from hold.history import History
 from hold.ledger import SessionRec
 from hold.records import Log, Records
 from hold.scancache import ScanCache
 from hold.statedir import StateDir
+from hold.usage import Usage
 from supervisor.cgroup import v2_mount
 from supervisor.exitcodes import USAGE
 from supervisor.identity import user_name
@@ -52,6 +54,10 @@ class DaemonState:
         self.grant_busy = grant_busy  # "wait" (the default) or "warn": see hold.occupancy
         self.locks = devlock.Locks(devlock.lock_dir(), self.wake)
         self.records = Records(sd, home_tokens, self.log_for)
+        # What hold report and hold metrics read: counters, held time, the history.
+        self.usage = Usage(History(sd.path), self)
+        self.usage.sample = report_settings(config_path)[1]
+        self.records.on_end = self.usage.ended
         self.sel = selectors.DefaultSelector()
         self.sessions: dict[str, SessionRec] = {}
         self.attached: dict[str, Conn] = {}  # session id -> its connection
@@ -81,6 +87,7 @@ class DaemonState:
             lease = s.lease.lease_id if s.lease else None
             self.log.info(event, session=s.session_id, lease=lease, pid=s.owner_pid,
                           user=s.user, **kw)  # fmt: skip
+        self.usage.on_event(event, s, kw)
 
     def arbiter(self) -> dict[str, Any]:
         """Which arbiter this is: the machine's system daemon, or one user's own."""
@@ -103,6 +110,21 @@ def cgroups_mode(path: str | None) -> str | None:
         return parse_file(path).cgroups
     except (BadValue, OSError):
         return None
+
+
+def report_settings(path: str | None) -> tuple[bool, float]:
+    """The file's ``report:`` settings (others' labels shown, sample period); the
+    defaults if it cannot be read now."""
+    from hold.config import Config, parse_file
+    from supervisor.parse import BadValue
+
+    cfg = Config()
+    if path is not None:
+        try:
+            cfg = parse_file(path)
+        except (BadValue, OSError):
+            pass
+    return cfg.report_labels, cfg.report_sample
 
 
 def label_for(s: SessionRec, viewer: int) -> str | None:

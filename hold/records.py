@@ -170,6 +170,7 @@ class Records:
         self.home_tokens = home_tokens
         self.log_for = log_for  # (event, session, **fields)
         self.ended: list[dict[str, Any]] | None = None  # ended.json, once read
+        self.on_end: Callable[[SessionRec], None] | None = None  # the history's line
 
     def record(self, s: SessionRec) -> LeaseRecord:
         lease = s.lease
@@ -185,6 +186,8 @@ class Records:
     def remember(self, s: SessionRec) -> None:
         """Keep the last leases that ended, so the audit can say whose a stray was."""
         assert s.lease is not None
+        if self.on_end is not None:
+            self.on_end(s)
         path = os.path.join(self.sd.path, "ended.json")
         if self.ended is None:  # read once; from then on this daemon writes it
             from supervisor.safefile import UnsafePath, open_for_read

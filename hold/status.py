@@ -24,7 +24,12 @@ def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
                     "count": r.count, "indices": r.indices}
                    for r in grants.queues[cls]]  # fmt: skip
         classes[cls] = {"devices": devices, "queue": waiting}
-    return {"classes": classes, "arbiter": st.arbiter()}
+    # Counters since the daemon started (hold metrics): grants, expiries, waits per class.
+    counters = {cls: dict(st.usage.counters.get(cls, {"grants": 0, "expiries": 0, "waits": 0,
+                                                       "wait_seconds": 0.0}))
+                for cls in st.classes}  # fmt: skip
+    return {"classes": classes, "arbiter": st.arbiter(), "counters": counters,
+            "started": st.usage.started}  # fmt: skip
 
 
 def _holder(st: DaemonState, grants: Grants, cls: str, i: int, viewer: int,
@@ -34,12 +39,12 @@ def _holder(st: DaemonState, grants: Grants, cls: str, i: int, viewer: int,
     s = st.sessions.get(sid) if sid else None
     if s is not None and s.lease is not None:
         return {"lease": s.lease.lease_id, "label": label_for(s, viewer),
-                "pid": s.owner_pid, "user": s.user, "since": s.lease.granted,
+                "pid": s.owner_pid, "user": s.user, "uid": s.uid, "since": s.lease.granted,
                 "expires": s.lease.expires, "state": s.lease.state}  # fmt: skip
     rec = st.locks.held_elsewhere(st.keys[cls][i], locked)
     if rec is None:
         return None
     return {"lease": rec.get("lease", "?"), "label": rec.get("label"),
-            "pid": rec.get("pid"), "user": rec.get("user", "?"),
+            "pid": rec.get("pid"), "user": rec.get("user", "?"), "uid": rec.get("uid"),
             "since": rec.get("since"), "expires": rec.get("until"),
             "state": "elsewhere", "arbiter": rec.get("arbiter")}  # fmt: skip

@@ -1,0 +1,164 @@
+"""``hold report``: figures that match a scripted sequence of leases on a real daemon
+(a wait in line, an expiry, a release by ``hold release``, a stray seen), the
+history's size bound, and who sees whose labels."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import HOLD, PROGS, wait_for
+
+from hold import history
+from hold.reportdoc import build
+
+NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
+HOLDER = str(PROGS / "node_holder.py")
+SAMPLE = 0.2  # the held-time scan's period in these tests
+SLACK = 1.0  # seconds of tolerance on times measured around process starts and stops
+
+
+def configure(tmp_path: Path) -> Path:
+    node = tmp_path / "accel0"
+    node.write_text("")
+    Path(os.environ["HOLD_CONFIG"]).write_text(
+        f"devices:\n  npu:\n    nodes: [{json.dumps(str(tmp_path / 'accel*'))}]\n"
+        f"report:\n  sample: {SAMPLE}s\n"
+    )
+    return node
+
+
+def npu(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([NPU_HOLD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+
+
+def holder_of_npu() -> dict[str, Any] | None:
+    out = subprocess.run([*HOLD, "status", "--json"], capture_output=True, text=True, check=True)
+    h: dict[str, Any] | None = json.loads(out.stdout)["classes"]["npu"]["devices"][0]["holder"]
+    return h
+
+
+def report(*args: str) -> dict[str, Any]:
+    out = subprocess.run([*HOLD, "report", "--json", *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def test_report_matches_a_scripted_sequence(tmp_path: Path) -> None:
+    node = configure(tmp_path)
+    using = f"f = open({str(node)!r}); import time; time.sleep(2.0)"
+    # 1. alpha holds the node for 2 s; beta waits behind it, then sleeps 1 s.
+    t0 = time.time()
+    alpha = npu("-t", "1m", "-l", "alpha", "--", sys.executable, "-c", using)
+    wait_for(lambda: holder_of_npu() is not None, 10, what="alpha's grant")
+    beta = npu("-t", "1m", "-l", "beta", "--", "sleep", "1")
+    assert alpha.wait(30) == 0 and beta.wait(30) == 0, (alpha.stderr, beta.stderr)
+    # 2. gamma expires after 2 s (exit 124, as timeout(1)).
+    gamma = npu("-t", "2s", "-l", "gamma", "--", "sleep", "30")
+    assert gamma.wait(30) == 124
+    # 3. delta is released by hold release.
+    delta = npu("-t", "1m", "-l", "delta", "--", "sleep", "30")
+    wait_for(lambda: holder_of_npu() is not None, 10, what="delta's grant")
+    lease = holder_of_npu()
+    assert lease is not None
+    time.sleep(1.0)
+    rel = subprocess.run([*HOLD, "release", lease["lease"]], capture_output=True, text=True)
+    assert rel.returncode == 0, rel.stderr
+    delta.wait(30)
+    # 4. a stray holds the node outside any lease: a ticket finds it busy.
+    out = tmp_path / "stray.out"
+    stray = subprocess.Popen([sys.executable, HOLDER, str(out), "fd", str(node)])
+    try:
+        wait_for(lambda: out.exists() and "holder" in out.read_text(), 10, what="the stray")
+        busy = npu("--no-wait", "-t", "1m", "-l", "epsilon", "--", "true")
+        assert busy.wait(30) == 75
+    finally:
+        stray.kill()
+        stray.wait(10)
+    elapsed = time.time() - t0
+
+    doc = report()
+    assert doc["version"] == 1
+    (me,) = doc["users"]
+    (dev,) = doc["devices"]
+    assert me["user"] == "root" and dev["device"] == "npu:0"
+    for a in (me, dev):  # one device: the user's figures are the device's
+        assert a["leases"] == 4  # epsilon was never granted
+        assert a["ends"] == {"ended": 2, "expired": 1, "released": 1}
+        assert a["expiries"] == 1 and a["releases"] == 1 and a["strays"] == 1
+        # alpha ~2 s + beta ~1 s + gamma 2 s (+ its stop) + delta ~1 s
+        assert 6.0 - SLACK <= a["leased_s"] <= min(elapsed, 6.0 + 3 * SLACK)
+        # Held: only alpha opened the node (seen by the scans, within a period).
+        assert 2.0 - 3 * SAMPLE - SLACK / 2 <= a["held_s"] <= 2.0 + SLACK
+        assert a["unmeasured_s"] == 0
+        # Waits: beta waited for alpha (~2 s); the others not at all.
+        assert a["waits"] == 4
+        assert 2.0 - SLACK <= a["wait_max_s"] <= 2.0 + SLACK
+        assert a["wait_median_s"] < 0.5
+    assert set(me["labels"]) == {"alpha", "beta", "gamma", "delta"}
+    (s,) = doc["strays"]
+    assert s["pid"] == stray.pid and s["device"] == "npu:0" and "node_holder" in s["command"]
+    # Each lease is one history line, with how it ended and who released it.
+    lines = [json.loads(x) for x in (Path(os.environ["HOLD_STATE_DIR"]) / "history.jsonl")
+             .read_text().splitlines()]  # fmt: skip
+    ends = {e["label"]: (e["end"], e["by"]) for e in lines if e["kind"] == "lease"}
+    assert ends == {"alpha": ("ended", None), "beta": ("ended", None),
+                    "gamma": ("expired", None), "delta": ("released", "root")}  # fmt: skip
+    # --since: a date after all of it leaves nothing; the text form says the same.
+    assert report("--since", "2999-01-01")["users"] == []
+    text = subprocess.run([*HOLD, "report"], capture_output=True, text=True, check=True).stdout
+    assert "USER" in text and "npu:0" in text and f"pid {stray.pid}" in text
+
+
+def test_bad_since_is_refused(tmp_path: Path) -> None:
+    res = subprocess.run([*HOLD, "report", "--since", "last tuesday"], capture_output=True,
+                         text=True)  # fmt: skip
+    assert res.returncode == 2 and "--since" in res.stderr and "2025-05-01" in res.stderr
+
+
+def test_history_is_bounded_and_rotated(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "h"
+    tmp_path.mkdir()
+    h = history.History(str(tmp_path), max_bytes=2000)
+    for n in range(200):
+        h.append({"kind": "lease", "n": n, "ended": 1000.0 + n})
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["history.jsonl", "history.jsonl.1"]  # one old file kept, no more
+    assert all((tmp_path / f).stat().st_size <= 2000 for f in files)
+    kept = [e["n"] for e in history.read(str(tmp_path))]
+    assert kept == list(range(kept[0], 200)) and len(kept) < 200  # the newest, in order
+    assert [e["n"] for e in history.read(str(tmp_path), since=1195.0)] == [195, 196, 197, 198, 199]
+    assert oct((tmp_path / "history.jsonl").stat().st_mode & 0o777) == "0o600"
+
+
+def _lease(uid: int, user: str, label: str, private: bool = False) -> dict[str, Any]:
+    return {"kind": "lease", "lease": label, "user": user, "uid": uid, "cls": "gpu",
+            "devices": [0, 1], "label": label, "private": private, "requested": 90.0,
+            "granted": 100.0, "ended": 160.0, "end": "ended", "by": None, "held": 30.0}  # fmt: skip
+
+
+@pytest.mark.parametrize("show", [False, True])
+def test_labels_of_other_users(show: bool) -> None:
+    entries = [_lease(1000, "ann", "train"), _lease(1000, "ann", "secret", private=True),
+               _lease(1001, "bob", "eval")]  # fmt: skip
+    doc = build(entries, 1001, show_labels=show, since=0.0, now=200.0)
+    users = {u["user"]: u for u in doc["users"]}
+    assert users["bob"]["labels"] == {"eval": 120.0}  # own: always (2 devices x 60 s)
+    assert users["ann"]["labels"] == ({"train": 120.0} if show else None)  # never "secret"
+    assert users["ann"]["leased_s"] == 240.0 and users["ann"]["held_s"] == 120.0
+    assert users["ann"]["wait_max_s"] == 10.0
+    root = build(entries, 0, show_labels=False, since=0.0, now=200.0)
+    assert {u["user"]: u for u in root["users"]}["ann"]["labels"] == {
+        "train": 120.0, "secret": 120.0}  # fmt: skip
+    # --since cuts a lease at the report's start; the wait is not its.
+    half = build(entries, 0, show_labels=False, since=130.0, now=200.0)
+    assert {u["user"]: u for u in half["users"]}["bob"]["leased_s"] == 60.0
+    assert {u["user"]: u for u in half["users"]}["bob"]["waits"] == 0
