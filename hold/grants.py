@@ -245,6 +245,7 @@ class Grants:
             self._undo_grant(cls, req, devices, e)
             return
         self.st.log_for("granted", s, label=req.label, devices=devices, expires=lease.expires)
+        self.st.usage.granted(s, req.arrived)  # hook for hold report / metrics: counters, waits
         # The client holds the locks with us (one open file description each):
         # neither one's death alone lets another arbiter grant the devices.
         conn.send({"ev": "granted", "lease": lease.lease_id, "cls": cls, "devices": devices,

@@ -19,6 +19,7 @@ from hold.grants import Grants
 from hold.guard import judge
 from hold.ledger import SessionRec, TreeRec
 from hold.protocol import Message, check_label, flag_field, ints_field, number_field, text_field
+from hold.reportdoc import answer as report_answer
 from hold.sessions import Endings
 from hold.status import status
 from supervisor import procscan
@@ -65,6 +66,8 @@ class Ops:
             self._retire(conn)
         elif op == "reload":
             self._reload_op(conn)
+        elif op == "report":  # hook for hold report (hold/reportdoc.py)
+            conn.send({"ev": "report", **report_answer(self.st, conn.uid, msg)})
         else:
             refuse(conn, f"unknown op {op!r}")
 
