@@ -392,4 +392,4 @@ def test_the_page_polls_and_shows_the_report(
     report = " ".join(page.texts["report"].split())
     assert "from the start to" in report and "per user" in report
     assert "LEASED" in report and "ann" in report and "1h 00m" in report
-    assert "<b>x</b> 60" in report and "<b>" not in dom  # a label, as text
+    assert "<b>x</b> 1m 00s" in report and "<b>" not in dom  # a label, as text

@@ -164,7 +164,8 @@
     if (typeof v === "number" && key.endsWith("_s")) return span(v);
     if (typeof v === "number" && key === "seen") return clock(v);
     if (typeof v !== "object") return String(v);
-    const part = ([k, x]) => `${k} ${typeof x === "number" ? x : JSON.stringify(x)}`;
+    const num = key === "labels" ? span : String; // labels: seconds leased under each
+    const part = ([k, x]) => `${k} ${typeof x === "number" ? num(x) : JSON.stringify(x)}`;
     return Object.entries(v).map(part).join(", ");
   }
 
