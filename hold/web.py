@@ -192,10 +192,10 @@ class WebServer(ThreadingHTTPServer):
         self.where, self.sources = where, sources
         super().__init__((where.host, where.port), Handler)
         self.port = int(self.server_address[1])
-        # Loopback: only requests naming this machine (a DNS-rebinding page
-        # elsewhere would name its own host, and gets nothing).
+        # Loopback: only requests naming this machine, or none (a DNS-rebinding
+        # page elsewhere names its own host, and gets nothing).
         self.hosts = {f"{h}:{self.port}" for h in ("127.0.0.1", "localhost", "[::1]")}
-        self.hosts |= {f"{h}:{self.port}" for h in (where.host, f"[{where.host}]")}
+        self.hosts |= {f"{h}:{self.port}" for h in (where.host, f"[{where.host}]")} | {""}
 
     def url(self) -> str:
         host = f"[{self.where.host}]" if self.where.family == socket.AF_INET6 else self.where.host
