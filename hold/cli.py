@@ -196,7 +196,7 @@ def status_cmd(as_json: bool) -> None:
 
 @cli.command("web")
 @click.option("--listen", default="127.0.0.1:8377", show_default=True, metavar="ADDRESS:PORT",
-              help="Where to serve; not loopback only when asked (it warns).")  # fmt: skip
+              help="Where to serve; an address not loopback warns what it exposes.")  # fmt: skip
 def web_cmd(listen: str) -> None:
     """A read-only status page, live: devices, holders, queue, strays (GET only)."""
     from hold.web import main_web
