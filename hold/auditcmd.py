@@ -41,6 +41,9 @@ def main_audit(sd: StateDir, classes: dict[str, DeviceClass], cls: str | None, a
             click.echo(render_table(doc, width))
         for line in _killed_lines(doc):
             click.echo(fit(line, width))
+        if not kill:
+            for line in adopt_hints(doc):
+                click.echo(line, err=True)
     if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
         return SURVIVORS
     return NO if strays else 0
@@ -53,4 +56,23 @@ def _killed_lines(doc: dict[str, Any]) -> list[str]:
         out.append(f"pid {k['pid']}: {state} {k.get('why') or k.get('outcome', '')}")
         for s in k.get("survivors", []):
             out.append(f"  survivor pid {s['pid']} ({s['found_by']}): {s['command']}")
+    return out
+
+
+def adopt_hints(doc: dict[str, Any]) -> list[str]:
+    """For each stray process of the caller's (root: anyone's) on a device no lease
+    holds: the command that gives it a lease (``--adopt``)."""
+    import os
+
+    uid = os.geteuid()
+    out: list[str] = []
+    for r in doc["holders"]:
+        if r["covered"] or r["lease"] is not None or uid not in (0, r["uid"]):
+            continue
+        cls = r["cls"]
+        prog = f"{cls}-hold" if cls in ("npu", "gpu") else f"hold run --device {cls}"
+        line = f"hold: pid {r['pid']} ({r['user']}) holds {r['device']} outside any lease; "
+        line += f"to give it one: {prog} --adopt {r['pid']} -t DURATION"
+        if line not in out:
+            out.append(line)
     return out

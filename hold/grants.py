@@ -16,12 +16,14 @@ import time
 from typing import Any
 
 from hold import devlock, occupancy
+from hold.adoptrules import descends_from, without_tree
 from hold.conn import Request
 from hold.daemonstate import DaemonState, label_for, refuse
-from hold.ledger import Lease, SessionRec
+from hold.ledger import Lease, SessionRec, TreeRec
 from hold.schedule import plan
 from hold.tokens import UnsafePath, remove_owned
 from supervisor.exitcodes import TOOL
+from supervisor.identity import ProcessId
 
 RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
 
@@ -142,6 +144,7 @@ class Grants:
         def work() -> None:
             try:
                 found = occupancy.holders_of(self.st.classes[cls], devices, self.st.scan_cache)
+                found = without_tree(found, req.tree, req.conn.uid)  # an adopted job's own
             except Exception as e:  # a failed scan must not grant a device blindly
                 found = {devices[0]: [{"pid": 0, "user": "?", "command": f"scan failed: {e!r}",
                                        "starttime": 0, "memory_bytes": None}]}  # fmt: skip
@@ -202,6 +205,15 @@ class Grants:
             self.st.sel.register(fd, selectors.EVENT_READ, ("blocker", None))
         # A holder may close the node without exiting; look again now and then.
         self.recheck_at = time.monotonic() + RECHECK_BLOCKED
+
+    def unblock_adopted(self, cls: str, t: TreeRec) -> None:
+        """Devices of ``cls`` blocked only by the job ``t`` adopts: free for its request
+        (whose scan leaves the job out), not held back until the job ends."""
+        assert t.root_pid is not None and t.root_start is not None
+        root = ProcessId(t.root_pid, t.root_start)
+        for (c, i), holders in list(self.blocked.items()):
+            if c == cls and holders and all(descends_from(int(h["pid"]), root) for h in holders):
+                self.unblock((c, i))
 
     def unblock(self, key: Device) -> None:
         self.blocked.pop(key, None)

@@ -185,15 +185,17 @@ class Ops:
         grace = number_field(msg, "grace", float, 10.0)
         if why is None and not (0 < ttl <= 366 * 86400 and 0 <= grace <= 3600):
             why = f"time limit {ttl} s or grace {grace} s out of range"
-        tree = self._tree_from(conn, msg.get("tree")) if msg.get("tree") else None
-        if why is not None or (msg.get("tree") and tree is None):
-            refuse(conn, why or "bad tree registration")
+        tree = self._tree_from(conn, msg["tree"]) if msg.get("tree") else None
+        if why is not None or isinstance(tree, str):
+            refuse(conn, why or str(tree))
             return None
         self.grants.seq += 1
         req = Request(conn, self.grants.seq, count, indices, label, ttl, grace, tree)
         req.wait = flag_field(msg, "wait", True)
         req.private = flag_field(msg, "private", False)
         req.allowed = usable
+        if tree is not None and tree.root_pid is not None:
+            self.grants.unblock_adopted(cls, tree)
         return req
 
     def _devices_wanted(self, conn: Conn, msg: Message, cls: str) -> Wanted | None:
@@ -216,25 +218,35 @@ class Ops:
 
     # ----------------------------------------------------------------- trees
 
-    def _tree_from(self, conn: Conn, d: Any) -> TreeRec | None:
-        """A tree registration, checked: a well-formed id, and a leaf the client owns."""
+    def _tree_from(self, conn: Conn, d: Any) -> TreeRec | str:
+        """A tree registration, checked: a well-formed id, and a leaf the client owns;
+        an adoption (``adopt``: a running process, see hold.adoptrules). Else why not."""
+        bad = "bad tree registration"
         if not isinstance(d, dict) or not _TREE_ID.fullmatch(str(d.get("tree_id", ""))):
-            return None
+            return bad
         tree_id = str(d["tree_id"])
         grace = number_field(d, "grace", float, 10.0)
         if not 0 <= grace <= 3600:
-            return None
+            return bad
         # An id is one tree: a client cannot take over another's by naming it
         # (the daemon would stop that tree when this client's connection ends).
         if any(tree_id in other.trees for other in self.st.sessions.values()
                if other is not conn.session):  # fmt: skip
-            return None
+            return bad
         leaf = d.get("leaf")
         if leaf is not None:
             leaf = str(leaf)
             if not self._leaf_of(conn, leaf, tree_id):
-                return None
-        return TreeRec(tree_id, leaf, conn.peer.starttime, grace)
+                return bad
+        tree = TreeRec(tree_id, leaf, conn.peer.starttime, grace)
+        if d.get("adopt") is not None:
+            from hold.adoptrules import adopt_into
+
+            why = adopt_into(tree, d["adopt"], conn.uid, conn.peer.pid,
+                             self.st.sessions.values(), conn.session)  # fmt: skip
+            if why is not None:
+                return why
+        return tree
 
     def _leaf_of(self, conn: Conn, leaf: str, tree_id: str) -> bool:
         """Whether ``leaf`` is the tree's own cgroup leaf, and the client's (or root asks)."""
@@ -253,9 +265,9 @@ class Ops:
 
     def _register_tree(self, conn: Conn, msg: Message) -> None:
         s = conn.session
-        tree = self._tree_from(conn, msg) if s is not None else None
-        if s is None or tree is None:
-            refuse(conn, "bad tree registration")
+        tree = self._tree_from(conn, msg) if s is not None else "bad tree registration"
+        if s is None or isinstance(tree, str):
+            refuse(conn, str(tree))
             return
         s.trees[tree.tree_id] = tree
         self.st.save()

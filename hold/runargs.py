@@ -41,6 +41,10 @@ OPTIONS: tuple[Option, ...] = (
      "give up waiting for the device after this long: exit 75 (plain number: seconds)"),
     ("--no-wait", None, None, "exit 75 at once if the device is taken"),
     ("--private", None, None, "show the label to you and root only (with --device)"),
+    ("--adopt", None, "PID",
+     "no command: lease the device to PID, a running process of yours, and its "
+     "descendants; wait until they end, and stop them when the lease ends (exit 0 "
+     "when they ended by themselves)"),
     ("--verbose", "-v", None, "print the stop report on stderr"),
     ("--version", None, None, "show the version and exit"),
     ("--help", "-h", None, "show this message and exit"),
@@ -72,6 +76,7 @@ class RunArgs:
         self.wait_timeout: float | None = None
         self.no_wait = False
         self.private = False
+        self.adopt: int | None = None  # --adopt PID: a running process, not a command
         self.verbose = False
         self.version = False
         self.help = False
@@ -87,7 +92,10 @@ def help_text(usage: str = USAGE, options: tuple[Option, ...] = OPTIONS) -> str:
     import textwrap  # only for --help
 
     indent = " " * (2 + NAME_WIDTH + 1)
-    lines = [f"Usage: {usage}", ""]
+    lines = [f"Usage: {usage}"]
+    if usage.endswith("-- COMMAND [ARG...]"):
+        lines.append(f"       {usage.removesuffix('-- COMMAND [ARG...]')}--adopt PID")
+    lines.append("")
     for long, short, meta, text in options:
         name = f"{short}, {long}" if short else f"    {long}"
         if meta:
@@ -211,7 +219,7 @@ def parse_run_args(argv: list[str], *, device: str | None = None, usage: str = U
             _set(args, long, value)
     if args.help or args.version:
         return args
-    if not args.command:
+    if not args.command and args.adopt is None:
         raise UsageError(f"no command given ({usage})")
     _check(args)
     return args
@@ -242,6 +250,10 @@ def _set(args: RunArgs, long: str, value: str) -> None:
         if not value.isascii() or not value.isdigit() or int(value) < 1:
             raise BadValue("-n/--count", value, "a whole number of devices, 1 or more")
         args.count = int(value)
+    elif long == "--adopt":
+        if not value.isascii() or not value.isdigit() or not 0 < int(value) < 1 << 22:
+            raise BadValue("--adopt", value, "a process id (a whole number, 1 or more)")
+        args.adopt = int(value)
     elif long == "--wait-timeout":
         args.wait_timeout = parse_duration(value, what="--wait-timeout",
                                            plain_unit="seconds", allow_zero=True)  # fmt: skip
@@ -251,6 +263,8 @@ def _set(args: RunArgs, long: str, value: str) -> None:
 
 def _check(args: RunArgs) -> None:
     """What the options say together."""
+    if args.adopt is not None:
+        _check_adopt(args)
     if args.device is None:
         for flag, given in (("--label", args.label), ("--count", args.count),
                             ("--wait-timeout", args.wait_timeout),
@@ -266,3 +280,16 @@ def _check(args: RunArgs) -> None:
             raise BadValue("-l/--label", args.label, why)
     if args.no_wait and args.wait_timeout is not None:
         raise UsageError("--no-wait and --wait-timeout exclude each other")
+
+
+def _check_adopt(args: RunArgs) -> None:
+    """What ``--adopt`` excludes: a command, and what only a new process can be given."""
+    if args.command:
+        raise UsageError("--adopt takes no command: it leases the device to a process that "
+                         f"runs already (got {args.command[0]!r})")  # fmt: skip
+    if args.device is None:
+        raise UsageError("--adopt needs --device (or npu-hold / gpu-hold)")
+    for flag, given in (("--cpus", args.cpus), ("--env", args.env or None),
+                        ("--pass-env", args.pass_env or None)):  # fmt: skip
+        if given is not None:
+            raise UsageError(f"{flag} does not apply with --adopt: the process runs already")

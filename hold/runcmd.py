@@ -60,6 +60,10 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     except BadValue as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return exitcodes.USAGE
+    if args.adopt is not None:
+        from hold.adopt import main_adopt  # only with --adopt: off npu-hold's path
+
+        return main_adopt(args, prog, setup)
     from hold.interrupt import Interrupted, interrupting
 
     try:

@@ -146,6 +146,19 @@ class Leaf:
         finally:
             os.close(fd)
 
+    def move(self, pid: int) -> None:
+        """Move the running process ``pid`` (all its threads) into the leaf.
+
+        ``OSError``: ESRCH once it is gone; EACCES or EPERM where this user may
+        not write the ``cgroup.procs`` of the common ancestor of where it is and
+        the leaf (it lives outside this user's delegation).
+        """
+        fd = os.open(self.procs_file, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(pid).encode())
+        finally:
+            os.close(fd)
+
     def kill(self) -> None:
         """SIGKILL every process in the leaf, atomically with respect to forks."""
         try:
@@ -251,6 +264,21 @@ class Hierarchy:
         raise CgroupUnavailable(
             f"{own}: not writable by this user, nor any cgroup above it (no delegation)"
         )
+
+    @classmethod
+    def of_process(cls, pid: int) -> Hierarchy:
+        """Where leaves for the running process ``pid`` go: in its own cgroup, so that
+        what is moved into one keeps the limits and the accounting of where it ran.
+        :class:`CgroupUnavailable` where there is none, or this user may not write it."""
+        mount = v2_mount()
+        if mount is None:
+            raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
+        where = cgroup_dir(pid, mount)
+        if where is None or not os.path.isfile(f"{where}/cgroup.procs"):
+            raise CgroupUnavailable(f"pid {pid} has no cgroup v2 membership")
+        if not _writable(where):
+            raise CgroupUnavailable(f"{where} (pid {pid}'s cgroup): not writable by this user")
+        return cls(where)
 
     def create(self, name: str) -> Leaf:
         if "/" in name or name in ("", ".", ".."):

@@ -272,6 +272,33 @@ class Tree:
         self.seen = {i for i in self.seen if i.matches()}
 
 
+def move_into(tree: Tree, leaf: Leaf, rounds: int = 8) -> list[int]:
+    """Move the members of a tree that runs already (started elsewhere) into
+    ``leaf``, until a look finds none outside it; the pids that could not be
+    moved (another user's, or outside this user's delegation).
+
+    A member forked while its parent was being moved may start outside the
+    leaf: the next look finds it (by descent) and moves it too. Each pid is
+    checked against its start time just before it is written.
+    """
+    failed: set[int] = set()
+    for _ in range(rounds):
+        inside = set(leaf.pids())
+        out = [m for m in tree.look()[1].values() if m.pid not in inside | failed]
+        if not out:
+            break
+        for m in out:
+            if not m.ident.matches():
+                continue
+            try:
+                leaf.move(m.pid)
+            except ProcessLookupError:
+                continue  # exited meanwhile
+            except OSError:
+                failed.add(m.pid)
+    return sorted(failed)
+
+
 def describe(members: Iterable[Member]) -> str:
     return ", ".join(f"{m.pid} ({m.comm}, {'+'.join(m.found_by)})" for m in members)
 
