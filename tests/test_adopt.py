@@ -317,3 +317,39 @@ def test_audit_suggests_adopting_a_stray_of_the_caller(tmp_path: Path, jobs: Job
     res = audit("--device", "fake")
     assert res.returncode == 1
     assert f"hold run --device fake --adopt {job['main']} -t DURATION" in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- in line
+
+
+def test_a_device_the_job_blocked_is_granted_to_its_adoption(tmp_path: Path, jobs: Jobs) -> None:
+    nodes = fake_nodes(tmp_path, count=1)
+    job = jobs.job(nodes[0])
+    busy = subprocess.run([*HOLD, "run", "--device", "fake", "--no-wait", "--", "true"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert busy.returncode == 75 and "OUTSIDE any lease" in busy.stderr, busy.stderr
+    client = jobs.adopt(job["main"], "-t", "2s", "--wait-timeout", "10s")
+    code, err = ended(client)
+    assert code == 124, err
+    assert gone(job["main"], job["child"])
+
+
+def test_ctrl_c_while_waiting_in_line_leaves_the_job_running(tmp_path: Path, jobs: Jobs) -> None:
+    fake_nodes(tmp_path, count=1)
+    other = subprocess.Popen([*HOLD, "run", "--device", "fake", "--", "sleep", "60"],
+                             stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(lambda: token(0), 20, 0.02, "the other lease")
+        sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        jobs.jobs.append(sleeper)  # type: ignore[arg-type]
+        client = jobs.adopt(sleeper.pid, "-t", "1m")
+        time.sleep(1.0)  # in line behind the other lease
+        assert client.poll() is None
+        client.send_signal(signal.SIGINT)
+        code, err = ended(client)
+        assert code == 130, err
+        assert f"pid {sleeper.pid} not adopted, left running" in err
+        assert alive(sleeper.pid)
+    finally:
+        other.send_signal(signal.SIGTERM)
+        other.wait(30)
