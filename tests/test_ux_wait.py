@@ -185,7 +185,7 @@ def test_live_line_shows_the_time_left_at_a_wide_terminal(tmp_path: Path, holder
         os.close(slave)
         buf = bytearray()
         try:
-            text = read_until(master, buf, lambda t: "giving up" in t, 20)
+            text = read_until(master, buf, lambda t: "giving up\r\n" in t, 20)
             assert proc.wait(20) == 75, text
         finally:
             if proc.poll() is None:
