@@ -98,8 +98,10 @@ TOOL_TIMEOUT_S = 30.0
 ROLES = ("web", "stubborn", "escaper", "escapee")
 UNITS = ("web", "stubborn", "escaper")  # the escapee is no unit: it escaped one
 
-# The issue's aims.
+# The issues' aims (5, then 13).
 AIM_STOP_OVER_GRACE_S = 0.100
+AIM_ANSWER_LAG_S = 0.020  # `hold down` returns within this of the last death
+AIM_RSS_MB = 25.0  # the stack's supervisor process
 
 MARK = "BENCH_STACK_RUN"  # in every unit's environment: "<session>:<variant>:<run>"
 TOOL_MARK = "BENCH_STACK_TOOL"  # in every supervisor's environment: "<session>"
@@ -328,6 +330,10 @@ class Contender:
     def inner_stop_ms(self) -> float | None:
         return None
 
+    def supervisor_pid(self) -> int | None:
+        """The process that supervises the units while they run (its memory is measured)."""
+        return None
+
     def close(self) -> None: ...
 
 
@@ -479,6 +485,9 @@ class Hold(Contender):
     def inner_stop_ms(self) -> float | None:
         return self._inner
 
+    def supervisor_pid(self) -> int | None:
+        return self.stack_pid or None
+
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str) -> None:
@@ -616,6 +625,9 @@ class Supervisord(Contender):
                 raise BenchError(f"{self.key}: programs not RUNNING in {TOOL_TIMEOUT_S:g}s")
             time.sleep(POLL_S)
 
+    def supervisor_pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
     def after_start(self, run: RunDir) -> None:
         if not self._all_running(run):
             raise BenchError(f"{self.key}: not all programs RUNNING after start")
@@ -662,7 +674,20 @@ class Sample(NamedTuple):
     units_gone: float | None  # last unit process exited, s from the stop's launch
     escapee_gone: float | None
     inner_stop: float | None  # hold: the stack's slowest stop_tree
+    rss_kb: int | None  # the supervisor's VmRSS while the stack runs
     survivors: list[str]  # roles (or "holder PID" / "marked PID") alive at the return
+
+
+def rss_kb(pid: int) -> int | None:
+    """VmRSS of ``pid`` (kB), from /proc/PID/status."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def survivors_now(run: RunDir, procs: dict[str, Proc]) -> tuple[list[str], set[int]]:
@@ -692,6 +717,8 @@ def one_run(c: Contender, run: RunDir) -> Sample:
     procs = run.wait_procs()
     truth_up = max(procs[u].up_at for u in UNITS) - t0
     c.after_start(run)
+    pid = c.supervisor_pid()
+    rss = rss_kb(pid) if pid is not None else None
     # Every unit asleep in pause() before the stop is timed (not still starting).
     deadline = time.monotonic() + 10
     while not all((stat_of(p.pid) or ("?", 0))[0] == "S" for p in procs.values()):
@@ -724,6 +751,7 @@ def one_run(c: Contender, run: RunDir) -> Sample:
         units_gone=max(units_gone) if len(units_gone) == len(UNITS) else None,
         escapee_gone=gone["escapee"] - t1 if "escapee" in gone else None,
         inner_stop=c.inner_stop_ms(),
+        rss_kb=rss,
         survivors=found,
     )
 
@@ -749,16 +777,19 @@ def table(r: dict[str, Any]) -> str:
         "",
         '**Up** (launch to "all three units up"), ms:',
         "",
-        "| contender | up means | median | p90 | x supervisord | units really up: median |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| contender | up means | median | p90 | x supervisord | units really up: median | "
+        "supervisor RSS, MB: median |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     res = r["results"]
     base = median(res["supervisord"]["up"]) if "supervisord" in res else None
     for v in res.values():
         ratio = f"{median(v['up']) / base:.2f}" if base else "-"
+        rss = [k / 1024 for k in v["rss_kb"] if k is not None]
         out.append(
             f"| {v['title']} | {v['up_means']} | {ms(median(v['up']))} | "
-            f"{ms(percentile(v['up'], 90))} | {ratio} | {ms(median(v['truth_up']))} |"
+            f"{ms(percentile(v['up'], 90))} | {ratio} | {ms(median(v['truth_up']))} | "
+            f"{f'{median(rss):.1f}' if rss else '-'} |"
         )
     out += [
         "",
@@ -766,12 +797,14 @@ def table(r: dict[str, Any]) -> str:
         "one unit ignores TERM), ms, and **survivors** at the return:",
         "",
         "| contender | stop command | median | p90 | last unit gone: median | "
-        "inside the stack: median | survivors |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "returned after the last unit was gone: median | p90 | inside the stack: median | "
+        "survivors |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for key, v in res.items():
         over = [s - GRACE_S for s in v["stop"]]
         gone = [g - GRACE_S for g in v["units_gone"] if g is not None]
+        lag = answer_lag(v)
         inner = [g - GRACE_S for g in v["inner_stop"] if g is not None]
         cmd = "`hold down NAME`" if key.startswith("hold") else "`supervisorctl stop all`"
         surv = v["survivors"]
@@ -780,11 +813,22 @@ def table(r: dict[str, Any]) -> str:
         text = "none" if not n_bad else f"{', '.join(kinds)} in {n_bad} of {len(surv)} runs"
         out.append(
             f"| {v['title']} | {cmd} | {ms(median(over))} | {ms(percentile(over, 90))} | "
-            f"{ms(median(gone)) if gone else '-'} | {ms(median(inner)) if inner else '-'} | "
+            f"{ms(median(gone)) if gone else '-'} | {ms(median(lag)) if lag else '-'} | "
+            f"{ms(percentile(lag, 90)) if lag else '-'} | {ms(median(inner)) if inner else '-'} | "
             f"{text} |"
         )
     out += ["", "Aims:"] + [f"- {a}" for a in r["aims"]]
     return "\n".join(out)
+
+
+def answer_lag(v: dict[str, Any]) -> list[float]:
+    """Per run: the stop command's return after the last of its processes died (the
+    units, and the escapee where the stop took it too)."""
+    out = []
+    for stop, units, escapee in zip(v["stop"], v["units_gone"], v["escapee_gone"], strict=True):
+        if units is not None:
+            out.append(stop - max(units, escapee if escapee is not None else 0.0))
+    return out
 
 
 def aims(r: dict[str, Any]) -> list[str]:
@@ -810,6 +854,21 @@ def aims(r: dict[str, Any]) -> list[str]:
             f"stop {'within' if ok else 'NOT within'} 100 ms of the grace "
             f"(median +{ms(over)} ms, p90 +{ms(p90)} ms)"
         )
+        lag = answer_lag(v)
+        if lag:
+            ok = median(lag) <= AIM_ANSWER_LAG_S
+            parts.append(
+                f"returned {'within' if ok else 'NOT within'} 20 ms of the last death "
+                f"(median +{ms(median(lag))} ms, p90 +{ms(percentile(lag, 90))} ms)"
+            )
+        rss = [k / 1024 for k in v["rss_kb"] if k is not None]
+        sd_rss = [k / 1024 for k in sd["rss_kb"] if k is not None] if sd is not None else []
+        if rss:
+            ok = median(rss) <= AIM_RSS_MB
+            parts.append(
+                f"supervisor RSS {'at most' if ok else 'OVER'} 25 MB ({median(rss):.1f} MB"
+                + (f"; supervisord {median(sd_rss):.1f} MB)" if sd_rss else ")")
+            )
         n_bad = sum(1 for s in v["survivors"] if s)
         sd_bad = sum(1 for s in sd["survivors"] if s) if sd is not None else 0
         parts.append(

@@ -1,6 +1,8 @@
 """``hold down`` and ``hold restart``: asking a running stack to stop, or to restart
 a unit; ``hold down`` of a stack that is still starting (no control socket yet,
-its lock held) signals its process. Both return only once it is done.
+its lock held) signals its process. Both return only once it is done: ``hold down``
+as soon as the stack answers ``stopped`` (sent once the survivor check is done and
+the stack has let go of its name), or, with no answer, once its lock is free.
 
 No such stack running: exit 1 (``NO``, as ``hold ps``, ``logs`` and ``call``),
 with the closest name of the stacks that exist; but ``hold down`` of a stack that
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
-import time
+import threading
 from typing import Any
 
 from hold.stackdir import ask, no_such_stack, open_sd, run_dir_of, say
@@ -24,11 +26,13 @@ def main_down(name: str) -> int:
         if msg.get("ev") == "stopping":
             say(f"stopping stack {name}...", "hold down")
 
+    heard = True
     try:
         # The stop takes up to the units' grace periods; each message resets the wait.
         ans = ask(name, {"op": "down"}, timeout=3600, on_message=progress)
     except ConnectionResetError:
         ans = {"ev": "stopped", "code": 0, "survivors": []}  # it was already stopping
+        heard = False
     except BadValue as e:
         say(str(e), "hold down")
         return USAGE
@@ -37,10 +41,11 @@ def main_down(name: str) -> int:
     if ans.get("ev") == "error":
         say(str(ans.get("error")), "hold down")
         return int(ans.get("code", USAGE))
-    # Return only once the stack's process has finished (it holds its lock
-    # until then): after a reset connection we have no word of the stop, and
-    # "stopped" must never be said while a unit may still be running.
-    if not _wait_unlocked(os.path.join(run_dir_of(open_sd(), name), "stack.lock"), 3600):
+    # Its answer comes once every unit is proven gone and the name is free. After
+    # a reset connection we have no word of the stop, and "stopped" must never be
+    # said while a unit may still be running: then its lock says when it is over.
+    lock = os.path.join(run_dir_of(open_sd(), name), "stack.lock")
+    if not heard and not _wait_unlocked(lock, 3600):
         say(f"stack {name} is still stopping after an hour; see hold ps {name}", "hold down")
         return TOOL
     for s in ans.get("survivors") or []:
@@ -100,25 +105,36 @@ def _lock_holder(path: str) -> int | None:
 
 
 def _wait_unlocked(path: str, timeout: float) -> bool:
-    """True once nobody holds ``path``'s flock (or it does not exist)."""
+    """True once nobody holds ``path``'s flock (or it does not exist). Woken by the
+    kernel when the holder lets go (a blocking flock in a thread), not by polling."""
     import fcntl
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return True
-    deadline = time.monotonic() + timeout
+    got = threading.Event()
+
+    def take() -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            got.set()
+        except OSError:
+            pass
+
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return True  # closing fd below lets go at once
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.002)
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        os.close(fd)  # free already: closing lets go at once
+        return True
+    except BlockingIOError:
+        pass
+    # The thread may outlive a timeout (blocked in flock): a daemon thread, and its
+    # descriptor left to the process's exit.
+    threading.Thread(target=take, name="wait-unlocked", daemon=True).start()
+    if got.wait(timeout):
         os.close(fd)
+        return True
+    return False
 
 
 def main_restart(name: str, unit: str) -> int:

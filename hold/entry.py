@@ -1,6 +1,6 @@
-"""Console entry points. ``hold run``, ``npu-hold``, ``gpu-hold`` and
-``hold down NAME`` are dispatched before click is imported (their start-up
-time is a benchmark).
+"""Console entry points. ``hold run``, ``npu-hold``, ``gpu-hold``,
+``hold down NAME`` and ``hold up [--detach] FILE`` are dispatched before click
+is imported (their start-up time is a benchmark).
 
 Every other subcommand goes through the click group in :mod:`hold.cli`.
 """
@@ -42,6 +42,13 @@ def _main(argv: list[str]) -> int:
         from hold.stackcmd import main_down
 
         return main_down(argv[1])
+    if argv and argv[0] == "up" and _plain_up(argv[1:]):
+        # `hold up [--detach] FILE` without click (~50 ms of imports): the
+        # background supervisor is started first thing (bench/stack.py).
+        from hold.upcmd import main_up
+
+        return main_up(argv[-1] if argv[1] in ("--detach", "-d") else argv[1],
+                       detach=len(argv) == 3)  # fmt: skip
     from hold.cli import cli
     from supervisor.exitcodes import CANCELLED, USAGE
 
@@ -58,6 +65,13 @@ def _main(argv: list[str]) -> int:
             e.show()
             return USAGE
         raise
+
+
+def _plain_up(args: list[str]) -> bool:
+    """``FILE``, ``--detach FILE`` or ``FILE --detach`` (``-d`` too); all else is click's."""
+    flags = [a for a in args if a in ("--detach", "-d")]
+    files = [a for a in args if a not in ("--detach", "-d")]
+    return len(flags) <= 1 and len(files) == 1 and not files[0].startswith("-")
 
 
 def npu_main() -> int:

@@ -7,8 +7,9 @@
 * every unit's tree is registered with the daemon before anything is spawned
   (marker and cgroup leaf) and its root after each spawn, so a ``hold up``
   that is SIGKILLed leaves nothing: the daemon, the guardian, stops them;
-* ``--detach`` starts the same command in the background and returns once it
-  is up (:class:`StatusPipe` carries what it says until then).
+* ``--detach`` hands the validated stack (JSON) to a background supervisor
+  (:mod:`hold.upchild`) and returns once it is up (:class:`StatusPipe`
+  carries what it says until then). The file is read and checked once, here.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hold.stackdir import load_checked, open_sd, run_dir_of, say
 from supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
@@ -33,14 +33,50 @@ if TYPE_CHECKING:
     from supervisor.cause import Cause
     from supervisor.cgroup import Leaf
     from supervisor.stack import Stack
-    from supervisor.stackfile import StackSpec
+    from supervisor.stackspec import StackSpec
     from supervisor.tree import Tree
+
+
+class UpSettings(NamedTuple):
+    """What a stack's run takes from the configuration, resolved once by the
+    command: a background supervisor gets these (JSON) and reads no YAML.
+
+    ``digest``: the configuration's fingerprint (a stack with a ticket must be
+    granted by a daemon that reads the same file); ``device``: the ticket's class
+    and indices (``hold:``), checked against the configuration's classes."""
+
+    cgroups: str
+    digest: str | None
+    device: tuple[str, tuple[int, ...] | None] | None
+
+    @classmethod
+    def of(cls, spec: StackSpec, cfg: Config) -> UpSettings:
+        from hold.config import fingerprint
+        from hold.devices import classes_from_config, parse_device_spec
+
+        if spec.hold is None:
+            return cls(cfg.cgroups, None, None)
+        classes = classes_from_config(cfg.devices, cfg.path)
+        device = parse_device_spec(spec.hold.device, classes, what="device")
+        return cls(cfg.cgroups, fingerprint(cfg.path), device)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> UpSettings:
+        dev = data.get("device")
+        device = (str(dev[0]), None if dev[1] is None else tuple(dev[1])) if dev else None
+        return cls(str(data["cgroups"]), data.get("digest"), device)
 
 
 def main_up(
     path: str, *, detach: bool = False, run_for: str | None = None, status_fd: int | None = None
 ) -> int:
     """``hold up``; the exit status (see the README's table)."""
+    starter = None
+    if detach:
+        from hold.upchild import Starter
+
+        # First: the background interpreter starts and imports while we validate.
+        starter = Starter()
     from hold.config import load
     from supervisor.parse import parse_duration
     from supervisor.stackfile import StackFileError
@@ -53,16 +89,32 @@ def main_up(
         )
         cfg = load()  # once for the whole command, passed down
         spec = load_checked(path, cfg)
+        settings = UpSettings.of(spec, cfg)
         sd = open_sd()
     except StackFileError as e:
+        if starter is not None:
+            starter.abandon()
         for line in e.errors:
             print(line, file=sys.stderr)
         return USAGE
     except BadValue as e:
+        if starter is not None:
+            starter.abandon()
         say(str(e))
         return USAGE
-    if detach:
-        return _detach(path, spec, sd, run_for)
+    if starter is not None:
+        return starter.hand_over(spec, settings, seconds)
+    return run_up(spec, sd, settings, seconds, status_fd)
+
+
+def run_up(
+    spec: StackSpec,
+    sd: StateDir,
+    settings: UpSettings,
+    seconds: float | None,
+    status_fd: int | None,
+) -> int:
+    """The stack's run, in the foreground or as the background supervisor."""
     # Until the stack's own loop takes the stop signals over, one ends this
     # run cleanly: it may be waiting for a ticket or making its trees, and
     # `hold down` of a stack that is starting sends exactly that.
@@ -70,7 +122,7 @@ def main_up(
 
     try:
         with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)):
-            return StackRun(spec, sd, cfg, seconds, status_fd).execute()
+            return StackRun(spec, sd, settings, seconds, status_fd).execute()
     except Interrupted as e:
         say(f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
             "nothing is left running")  # fmt: skip
@@ -124,13 +176,13 @@ class StackRun:
         self,
         spec: StackSpec,
         sd: StateDir,
-        cfg: Config,
+        settings: UpSettings,
         run_for: float | None,
         status_fd: int | None,
     ) -> None:
         self.spec = spec
         self.sd = sd
-        self.cfg = cfg
+        self.settings = settings
         self.run_for = run_for
         self.status = StatusPipe(status_fd) if status_fd is not None else None
         self.client: Client | None = None
@@ -149,9 +201,8 @@ class StackRun:
         from supervisor.stack import Stack, StackError
 
         spec = self.spec
-        cfg = self.cfg
         try:
-            hierarchy = hierarchy_for(cfg.cgroups)
+            hierarchy = hierarchy_for(self.settings.cgroups)
         except CgroupUnavailable as e:
             self.say(f"cgroups: required, but {e}")
             return USAGE
@@ -166,6 +217,9 @@ class StackRun:
             on_started=self._on_started,
             run_for=self.run_for,
             on_ready=self.status.ready if self.status else None,
+            on_stopped=self._end_lease,
+            # Detached, the file as the command named it, from where it was named.
+            source=os.path.abspath(spec.path) if self.status else "",
         )
         try:
             stack.prepare()  # refusals (name taken, port taken...) before waiting for a device
@@ -175,20 +229,18 @@ class StackRun:
             return e.code
 
         with stack.until_run():  # its lock and logs let go on every way out, unless it ran
-            return self._run(stack, cfg)
+            return self._run(stack)
 
-    def _run(self, stack: Stack, cfg: Config) -> int:
+    def _run(self, stack: Stack) -> int:
         """The daemon, the ticket, then the stack itself."""
         from hold.client import Client, ConfigMismatch, DaemonUnreachable
-        from hold.config import fingerprint
         from supervisor.stack import StackError
 
         spec = self.spec
         # The daemon before the stack starts: if we have to start one, it must
         # not become our child while we are a subreaper (the stack may make us one).
         try:
-            digest = fingerprint(cfg.path) if spec.hold is not None else None
-            self.client = Client.with_session(self.sd, config=digest)
+            self.client = Client.with_session(self.sd, config=self.settings.digest)
         except ConfigMismatch as e:
             self.say(str(e))
             return USAGE
@@ -218,24 +270,19 @@ class StackRun:
             return result.code
         finally:
             if self.client is not None:
-                if self.leased:
-                    self.client.end()  # the lease is over when `hold up` returns
+                self._end_lease()  # if the stack did not (it never ran)
                 self.client.close()
             if self.status is not None:
                 self.status.close()  # the starter reads its end of file: not ready
 
     def _acquire(self, env: dict[str, str]) -> int | None:
-        from hold.devices import classes_from_config, parse_device_spec
         from hold.lease import DEFAULT_TTL, acquire_lease
 
         hold = self.spec.hold
-        assert hold is not None
+        assert hold is not None and self.settings.device is not None
         if self.client is None:
             return TOOL
-        cfg = self.cfg
-        cls, indices = parse_device_spec(
-            hold.device, classes_from_config(cfg.devices, cfg.path), what="device"
-        )
+        cls, indices = self.settings.device
         grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
         got = acquire_lease(
             self.client,
@@ -262,6 +309,12 @@ class StackRun:
         return None
 
     # Hooks called by the stack -----------------------------------------------
+
+    def _end_lease(self) -> None:
+        """The lease is over before ``hold down`` is answered (and when ``hold up`` returns)."""
+        if self.leased and self.client is not None:
+            self.leased = False
+            self.client.end()
 
     def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
         from hold.client import DaemonUnreachable
@@ -313,53 +366,3 @@ class StackRun:
         kind, detail = ev
         code = {"expired": EXPIRED, "released": RELEASED}.get(kind, TOOL)
         return Cause(kind, detail, code)
-
-
-def _detach(path: str, spec: StackSpec, sd: StateDir, run_for: str | None) -> int:
-    """Start ``hold up`` in the background; return once it is up (0) or with its failure."""
-    from supervisor.safefile import UnsafePath, ensure_dir, open_for_append
-
-    run_dir = run_dir_of(sd, spec.name)
-    log_path = os.path.join(run_dir, "supervisor.log")
-    try:  # never through a link planted at the directories or the log
-        ensure_dir(os.path.dirname(run_dir), owned=False)
-        ensure_dir(run_dir)
-        log = open_for_append(log_path)
-    except UnsafePath as e:
-        say(str(e))
-        return USAGE
-    r, w = os.pipe()
-    argv = [sys.executable, "-m", "hold", "up", "--status-fd", str(w)]
-    if run_for is not None:
-        argv += ["--for", run_for]
-    argv.append(os.path.abspath(path))
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(w,),
-            start_new_session=True,
-        )
-    finally:
-        os.close(log)
-        os.close(w)
-    with os.fdopen(r, "rb") as f:
-        for raw in f:
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue
-            if msg.get("ready"):
-                n = spec.name
-                say(
-                    f"stack {n} is up in the background (pid {proc.pid}); "
-                    f"hold ps {n}, hold logs {n} UNIT, hold down {n}"
-                )
-                # It runs on without us: forget it without waiting (it is not ours to reap).
-                proc.returncode = 0
-                return 0
-            if "line" in msg:
-                print(msg["line"], file=sys.stderr, flush=True)
-    return proc.wait()

@@ -14,7 +14,7 @@ import os
 import select
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.cause import Cause
 from supervisor.exitcodes import BUSY, OK, SURVIVORS, UNIT_FAILED, USAGE
@@ -24,8 +24,10 @@ from supervisor.stackstart import launch, start_and_wait
 from supervisor.stackstate import StackState
 from supervisor.states import UnitState, advance
 from supervisor.stop import stop_tree
-from supervisor.task import Call, CallRefused
 from supervisor.units import TaskUnit, Unit, reap
+
+if TYPE_CHECKING:
+    from supervisor.task import Call
 
 
 def on_request(st: StackState, msg: Message, reply: Reply) -> None:
@@ -84,6 +86,8 @@ def _serve_call(st: StackState, msg: Message, reply: Reply) -> None:
     taken = _task_to_call(st, msg, reply)
     if taken is None:
         return
+    from supervisor.task import CallRefused  # loaded already: open_tasks made the runner
+
     t, text_args = taken
     assert t.runner is not None
     try:

@@ -119,11 +119,14 @@ class ControlServer:
             self._sock.bind(path)
         finally:
             os.umask(old)
+        self._listening = True
         self._sock.listen(16)
         self._sock.setblocking(False)
-        t = threading.Thread(target=self._accept_loop, name="stack-control", daemon=True)
-        self._threads.append(t)
-        t.start()
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, name="stack-control", daemon=True
+        )
+        self._threads.append(self._acceptor)
+        self._acceptor.start()
 
     def _accept_loop(self) -> None:
         poller = select.poll()
@@ -186,23 +189,34 @@ class ControlServer:
                 self.handler(msg, reply)
         # A reply kept for later (down) stays open; others are closed by their handler.
 
-    def close(self) -> None:
+    def stop_listening(self) -> None:
+        """No new connection from now on, and the socket's path gone; the open ones
+        (a ``hold down`` waiting for its answer) stay until :meth:`close`. Before the
+        stack lets go of its name: a new run of it binds the path anew, and must not
+        lose it to this one."""
+        if not self._listening:
+            return
+        self._listening = False
         try:
-            os.write(self._stop_w, b"x")
+            os.write(self._stop_w, b"x")  # the accept loop ends
         except OSError:
             pass
+        self._acceptor.join(timeout=2.0)
+        self._sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        self.stop_listening()
         for t in list(self._threads):
             t.join(timeout=2.0)
         with self._lock:
             for r in self._replies:
                 r.close()
-        self._sock.close()
         os.close(self._stop_r)
         os.close(self._stop_w)
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def request(

@@ -20,8 +20,8 @@ from supervisor.notify import tell_systemd
 from supervisor.parse import format_cpus
 from supervisor.readiness import Answer
 from supervisor.spawn import owned_pids
-from supervisor.stackfile import fill
 from supervisor.stackplan import probe_of
+from supervisor.stackspec import fill
 from supervisor.stackstart import launch, launch_starts
 from supervisor.stackstate import StackState
 from supervisor.states import UnitState, advance

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor import readiness
 from supervisor.environ import minimal_env
@@ -25,12 +25,14 @@ from supervisor.notify import NotifyProbe, NotifySocket
 from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_update, write_atomic
 from supervisor.scratch import Scratch, ScratchError, default_root, sweep
 from supervisor.spawn import Child, SpawnError, resolve, spawn
-from supervisor.stackfile import ReadySpec, fill, filled_env
+from supervisor.stackspec import ReadySpec, fill, filled_env
 from supervisor.stackstate import StackError, StackState
-from supervisor.task import CallResult, TaskRunner
 from supervisor.unitlog import RotatingLog
 from supervisor.unitoutput import open_outputs as open_outputs  # stackrun's
 from supervisor.units import TaskUnit, Unit
+
+if TYPE_CHECKING:
+    from supervisor.task import CallResult
 
 # ---------------------------------------------------------------------- prepare
 
@@ -265,6 +267,12 @@ def make_trees(st: StackState) -> None:
 
 def open_tasks(st: StackState) -> None:
     """Each task unit's runner; it takes the unit's log over."""
+    if not st.tasks:
+        return
+    # Here, not at the top: the calls' machinery (and what it imports) is for a
+    # stack with task units only, and a stack without them starts sooner and smaller.
+    from supervisor.task import TaskRunner
+
     for t in st.tasks.values():
         log, t.log = t.log, None  # the runner's from now on (it closes it)
         t.runner = TaskRunner(

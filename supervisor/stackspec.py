@@ -268,6 +268,43 @@ class StackSpec:
         return [n for n, u in self.units.items() if u.kind == "task"]
 
 
+def fill(
+    text: str,
+    *,
+    unit: str,
+    ports: Mapping[str, int],
+    run_dir: str,
+    stack_dir: str = "",
+    scratch: str = "",
+) -> str:
+    """``text`` with this project's placeholders filled in for ``unit``
+    (validated already: every name is known and every port assigned). Here, with
+    the specs: a running stack fills its units' strings without the validators."""
+    from supervisor import placeholders
+
+    values = {"run_dir": run_dir, "stack_dir": stack_dir, "scratch": scratch}
+    if unit in ports:
+        values["port"] = str(ports[unit])
+    return placeholders.fill(text, values, ports)
+
+
+def filled_env(
+    spec: UnitSpec,
+    unit: str,
+    ports: Mapping[str, int],
+    run_dir: str,
+    stack_dir: str = "",
+    scratch: str = "",
+) -> dict[str, str]:
+    """The unit's own variables: its ``env_file`` (as written), then ``env`` (filled)."""
+    out = dict(spec.file_env)
+    for k, v in spec.env.items():
+        out[k] = fill(
+            v, unit=unit, ports=ports, run_dir=run_dir, stack_dir=stack_dir, scratch=scratch
+        )
+    return out
+
+
 def dotted(loc: tuple[Any, ...]) -> str:
     """``units.a.cmd[2]`` for the key path ``("units", "a", "cmd", 2)``."""
     out = ""

@@ -24,7 +24,7 @@ from supervisor.errors import SupervisorError
 from supervisor.exitcodes import USAGE
 from supervisor.identity import read_stat
 from supervisor.stackctl import ControlServer, Reply
-from supervisor.stackfile import StackSpec
+from supervisor.stackspec import StackSpec
 from supervisor.stop import StopReport, Survivor
 from supervisor.tree import Tree
 from supervisor.units import TaskUnit, Unit
@@ -61,7 +61,9 @@ class StackState:
     ``env`` (the ticket's variables). ``extra``: descriptors to watch, each
     with a function that may return a :class:`Cause` to stop. ``run_for``:
     stop this long after the stack is up. ``on_ready``: called once, when
-    every unit is first ready. ``scratch_root``: where units' scratch
+    every unit is first ready. ``on_stopped``: called once the stop is proven
+    (survivor check done), before the stack lets go of its name and answers
+    ``hold down`` (the caller's lease ends there). ``scratch_root``: where units' scratch
     directories are made (None: :func:`supervisor.scratch.default_root`).
 
     Written by the main thread only, except where a unit's job owns its unit
@@ -82,6 +84,7 @@ class StackState:
         extra: Mapping[int, Extra] | None = None,
         run_for: float | None = None,
         on_ready: Callable[[], None] | None = None,
+        on_stopped: Callable[[], None] | None = None,
         source: str = "",
         scratch_root: str | None = None,
     ) -> None:
@@ -97,6 +100,7 @@ class StackState:
         self.extra = dict(extra or {})
         self.run_for = run_for
         self.on_ready = on_ready
+        self.on_stopped = on_stopped
         self.source = source or spec.path
         self.scratch_root = scratch_root
         # Services and one-shots are started by the stack; task units run per call.

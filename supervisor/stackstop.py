@@ -4,7 +4,9 @@ In order: the jobs are aborted; the running calls stopped first (they may use
 the services); the services level by level, dependents before what they
 depend on, each level's units at once; then the survivor check over every
 tree (and, walking /proc, the orphans this process adopted). :func:`finish`
-then answers ``hold down`` and closes what the run opened.
+then closes what the run opened, lets go of the stack's name and answers
+``hold down`` -- at once: the units are gone and proven gone, and what is left
+of this process (its threads, its interpreter's exit) is nothing anyone waits for.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from supervisor.exitcodes import SURVIVORS, TOOL
 from supervisor.notify import tell_systemd
 from supervisor.safefile import UnsafePath
 from supervisor.spawn import owned_pids
-from supervisor.stackplan import remove_leaves, write_record
+from supervisor.stackplan import release, remove_leaves, write_record
 from supervisor.stackstate import StackResult, StackState
 from supervisor.states import UnitState, advance
 from supervisor.stop import StopReport, Survivor, stop_tree
@@ -193,19 +195,40 @@ def _say_stopped(
 
 
 def finish(st: StackState, result: StackResult) -> None:
-    """After the stop: answer `hold down`, close the channel, readers, logs, leaves."""
+    """After the stop: close the readers, logs and leaves, write the record, let go
+    of the stack's name (a new ``hold up`` of it may start now), answer ``hold down``."""
+    _close_outputs(st)
+    if not result.survivors:
+        remove_leaves(st)
+    try:
+        write_record(st, state="stopped", code=result.code, cause=result.cause.detail)
+    except (OSError, UnsafePath):
+        pass
+    if st.on_stopped is not None:
+        st.on_stopped()  # the caller's last word with the guardian (the lease ended)
+    if st.control is not None:
+        st.control.stop_listening()  # the socket gone before the name is free
+    release(st)
+    answer = {
+        "ev": "stopped",
+        "code": result.code,
+        "survivors": [s._asdict() for s in result.survivors],
+    }
     for reply in st.down_waiters:
-        reply.send(
-            {
-                "ev": "stopped",
-                "code": result.code,
-                "survivors": [s._asdict() for s in result.survivors],
-            },
-            done=True,
-        )
+        reply.send(answer, done=True)
     if st.control is not None:
         st.control.close()
+
+
+def _close_outputs(st: StackState) -> None:
+    """The readers stopped and the pipes closed. Our write ends go first: every unit
+    process is gone, so each pipe ends at once and its reader leaves without waiting
+    out a poll (an escapee that keeps one open is bounded by the reader's drain)."""
     for u in st.units.values():
+        for fd in (u.out_w, u.err_w):
+            if fd >= 0:
+                os.close(fd)
+        u.out_w = u.err_w = -1
         u.reader_stop.set()
     for u in st.units.values():
         if u.reader is not None:
@@ -215,9 +238,3 @@ def finish(st: StackState, result: StackResult) -> None:
             u.log.close()
         if isinstance(u.probe, readiness.ExecProbe):
             u.probe.close()
-    if not result.survivors:
-        remove_leaves(st)
-    try:
-        write_record(st, state="stopped", code=result.code, cause=result.cause.detail)
-    except (OSError, UnsafePath):
-        pass

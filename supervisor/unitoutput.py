@@ -17,7 +17,6 @@ import time
 from typing import TYPE_CHECKING
 
 from supervisor import readiness
-from supervisor.calls import run_record
 from supervisor.output import LineReader
 from supervisor.unitlog import log_line
 from supervisor.units import status_text
@@ -34,6 +33,8 @@ def open_outputs(st: StackState) -> None:
     """Each service's stdout and stderr pipes, with the thread that copies them to
     the log; each log (a service's and a task unit's) says a run of the stack begins."""
     run = f"==== stack {st.name}: run begins (hold up pid {os.getpid()}, file {st.source}) ===="
+    if st.tasks:  # the calls' record format, for task units only (not loaded otherwise)
+        from supervisor.calls import run_record
     for t in st.tasks.values():
         if t.log is not None:
             _write(t.log, run_record(st.name, os.getpid()))

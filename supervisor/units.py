@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor import readiness
 from supervisor.cgroup import Leaf
@@ -18,11 +18,13 @@ from supervisor.notify import NotifySocket
 from supervisor.parse import format_cpus
 from supervisor.scratch import Scratch
 from supervisor.spawn import Child
-from supervisor.stackfile import UnitSpec
+from supervisor.stackspec import UnitSpec
 from supervisor.states import UnitState
-from supervisor.task import TaskRunner
 from supervisor.tree import Tree
 from supervisor.unitlog import RotatingLog
+
+if TYPE_CHECKING:  # imported by open_tasks, and only for a stack that has task units
+    from supervisor.task import TaskRunner
 
 TAIL = 20  # output lines kept per unit for messages
 
