@@ -30,6 +30,7 @@ from importlib.resources import files
 from typing import Any, NamedTuple
 
 from hold.devices import DeviceClass
+from hold.errors import HoldError
 from hold.statedir import StateDir
 from supervisor.exitcodes import USAGE
 from supervisor.parse import BadValue
@@ -95,7 +96,7 @@ def exposure_warning(where: Listen, euid: int) -> str:
 # ------------------------------------------------------------------ the documents
 
 
-class Unavailable(Exception):
+class Unavailable(HoldError):
     """A document cannot be had now (no daemon answers): a 503 with this message."""
 
 
@@ -172,7 +173,6 @@ class Sources:
         return build_report(self.sd, self.classes, None)
 
     def _ask_report(self) -> dict[str, Any]:
-        from hold.errors import HoldError
         from hold.reportcmd import fetch
 
         try:
