@@ -500,7 +500,12 @@ CONFIG_DOCS: list[tuple[str, str | bytes, str]] = [
      "{file}:1: cgroups 'maybe' is not valid: one of auto, off, required"),
     ("cgroups-typo", "cgroup: auto\n",
      "{file}:1: key 'cgroup' is not valid: one of busy_devices, cgroups, compat, devices, "
-     "state; did you mean 'cgroups'?"),
+     "report, state; did you mean 'cgroups'?"),
+    ("report-labels-word", "report: {labels: yes}\n",
+     "{file}:1: report.labels 'yes' is not valid: one of true, false"),
+    ("report-sample-zero", "report:\n  sample: 0s\n", "{file}:2: report.sample '0s' is not valid"),
+    ("report-typo", "report: {label: true}\n",
+     "{file}:1: key report. 'label' is not valid: labels or sample; did you mean 'labels'?"),
     ("busy-word", "busy_devices: block\n", "{file}:1: busy_devices 'block' is not valid"),
     ("state-yes", "state: {shared: yes}\n", "{file}:1: state.shared 'yes' is not valid"),
     ("compat-typo", "compat: {home_token: true}\n",
