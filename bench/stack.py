@@ -39,7 +39,12 @@ measures:
     units really were up, from their own announcements (CLOCK_MONOTONIC).
 (b) **stop**: ``hold down NAME`` against ``supervisorctl stop all``, each
     from launch to return; reported as that time minus the 2 s grace. Next to
-    it, when the last unit process really was gone (pidfds watched from here).
+    it, when the last unit process really was gone (pidfds watched from here),
+    and how long after the last death (of a unit, or of the escapee where the
+    stop took it) the command returned (issue 13: within 20 ms).
+(b') **memory**: the VmRSS of the process that supervises the running units
+    (``hold ps``'s pid: the detached stack; supervisord's own), read from
+    ``/proc/PID/status`` once the stack is up (issue 13: at most 25 MB).
 (c) **survivors**: the moment the stop command returns, which of the four
     announced processes (``web``, ``stubborn``, ``escaper``, ``escapee``) is
     still alive, by pid *and* start time; who holds the "device" file
