@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -56,6 +56,8 @@ from supervisor.stackspec import (
     StopSpec,
     UnitSpec,
     dotted,
+    fill,
+    filled_env,
     line_of,
 )
 from supervisor.stackvalues import UNIT_KINDS, YamlWord, short
@@ -318,37 +320,3 @@ def _message(err: Any, loc: tuple[Any, ...]) -> str:
         return f"{short(err['input'])} is not valid: a non-empty list"
     msg = str(err["msg"])
     return f"{short(err['input'])} is not valid: {msg[0].lower()}{msg[1:]}"
-
-
-def fill(
-    text: str,
-    *,
-    unit: str,
-    ports: Mapping[str, int],
-    run_dir: str,
-    stack_dir: str = "",
-    scratch: str = "",
-) -> str:
-    """``text`` with this project's placeholders filled in for ``unit``
-    (validated already: every name is known and every port assigned)."""
-    values = {"run_dir": run_dir, "stack_dir": stack_dir, "scratch": scratch}
-    if unit in ports:
-        values["port"] = str(ports[unit])
-    return placeholders.fill(text, values, ports)
-
-
-def filled_env(
-    spec: UnitSpec,
-    unit: str,
-    ports: Mapping[str, int],
-    run_dir: str,
-    stack_dir: str = "",
-    scratch: str = "",
-) -> dict[str, str]:
-    """The unit's own variables: its ``env_file`` (as written), then ``env`` (filled)."""
-    out = dict(spec.file_env)
-    for k, v in spec.env.items():
-        out[k] = fill(
-            v, unit=unit, ports=ports, run_dir=run_dir, stack_dir=stack_dir, scratch=scratch
-        )
-    return out
