@@ -34,7 +34,7 @@ def refusal(pid: int, start: int | None, uid: int, asker: int, daemon: int) -> s
     if pid == asker:
         return f"pid {pid} is this very process"
     if pid in {a.pid for a in procscan.ancestors(asker)}:
-        return f"pid {pid} is an ancestor of this process (pid {asker}): its stop would be ours"
+        return f"pid {pid} is an ancestor of this process (pid {asker})"
     if pid == daemon or pid in {a.pid for a in procscan.ancestors(daemon)}:
         what = "the ticket daemon" if pid == daemon else "an ancestor of the ticket daemon"
         return f"pid {pid} is {what} (pid {daemon})"

@@ -38,12 +38,9 @@ def main_audit(sd: StateDir, classes: dict[str, DeviceClass], cls: str | None, a
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
         if not asked:
-            click.echo(render_table(doc, width))
+            click.echo(render_table(doc, width, notes=[] if kill else adopt_hints(doc)))
         for line in _killed_lines(doc):
             click.echo(fit(line, width))
-        if not kill:
-            for line in adopt_hints(doc):
-                click.echo(line, err=True)
     if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
         return SURVIVORS
     return NO if strays else 0
@@ -60,19 +57,23 @@ def _killed_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def adopt_hints(doc: dict[str, Any]) -> list[str]:
-    """For each stray process of the caller's (root: anyone's) on a device no lease
-    holds: the command that gives it a lease (``--adopt``)."""
+    """For each stray process of the caller's (root: anyone's) on a device (not only
+    its class's shared nodes) that no lease holds, the command that gives it a lease
+    (``--adopt``); not for one below another such stray (that one's tree has it)."""
     import os
 
+    from supervisor.procscan import ancestors
+
     uid = os.geteuid()
+    rows = {r["pid"]: r for r in doc["holders"]
+            if not r["covered"] and r["lease"] is None and r["index"] is not None
+            and uid in (0, r["uid"])}  # fmt: skip
     out: list[str] = []
-    for r in doc["holders"]:
-        if r["covered"] or r["lease"] is not None or uid not in (0, r["uid"]):
+    for pid, r in rows.items():
+        if any(a.pid in rows for a in ancestors(pid)):
             continue
         cls = r["cls"]
         prog = f"{cls}-hold" if cls in ("npu", "gpu") else f"hold run --device {cls}"
-        line = f"hold: pid {r['pid']} ({r['user']}) holds {r['device']} outside any lease; "
-        line += f"to give it one: {prog} --adopt {r['pid']} -t DURATION"
-        if line not in out:
-            out.append(line)
+        # The pid last: a line with " PID " in it is that process's row.
+        out.append(f"to lease a stray of yours: {prog} -t DURATION --adopt {pid}")
     return out

@@ -7,17 +7,20 @@ nothing is cut.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from supervisor.parse import format_duration
-from supervisor.width import table
+from supervisor.width import fit, table
 
 HEAD = ("DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE", "COMMAND")
 FLEX = (6, 7)  # LEASE (or the stray's reason) and COMMAND
 
 
-def render_table(doc: dict[str, Any], width: int | None = None) -> str:
-    """The report as a table (``width``: the terminal's, None when piped)."""
+def render_table(doc: dict[str, Any], width: int | None = None,
+                 notes: Sequence[str] = ()) -> str:  # fmt: skip
+    """The report as a table (``width``: the terminal's, None when piped); ``notes``
+    (the ``--adopt`` suggestions) above its last line."""
     rows = []
     for r in doc["holders"]:
         if not r["covered"]:
@@ -32,6 +35,7 @@ def render_table(doc: dict[str, Any], width: int | None = None) -> str:
     tail = f"{len(rows)} holder(s), {doc['stray']} stray; {doc['processes']} processes scanned"
     if doc["not_inspected"]:
         tail += f"; not inspected: {doc['not_inspected']} (permission)"
+    lines.extend(fit(n, width) for n in notes)
     lines.append(tail)
     return "\n".join(lines)
 

@@ -316,7 +316,11 @@ def test_audit_suggests_adopting_a_stray_of_the_caller(tmp_path: Path, jobs: Job
     job = jobs.job(nodes[1])
     res = audit("--device", "fake")
     assert res.returncode == 1
-    assert f"hold run --device fake --adopt {job['main']} -t DURATION" in res.stderr, res.stderr
+    lines = res.stdout.splitlines()
+    hint = f"to lease a stray of yours: hold run --device fake -t DURATION --adopt {job['main']}"
+    assert lines[-2] == hint, res.stdout  # above the table's last line
+    assert lines[-1].startswith("1 holder(s), 1 stray")  # its child holds nothing
+    assert "--adopt" not in audit_json(code=1)  # --json: the document only
 
 
 # ---------------------------------------------------------------- in line
