@@ -41,8 +41,7 @@ from supervisor.exitcodes import CANCELLED, TOOL
 from supervisor.parked import Parking
 from supervisor.parse import format_cpus
 from supervisor.runner import STDERR_TAIL, STDOUT_LIMIT, run_cold, run_in_scratch, run_parked
-from supervisor.stackfile import ArgSpec, UnitSpec, fill
-from supervisor.stackfile import load as load_stack
+from supervisor.stackspec import ArgSpec, UnitSpec, fill
 from supervisor.states import CallState, UnitState
 from supervisor.taskargs import (
     ARGS_LIMIT,
@@ -185,6 +184,8 @@ class TaskRunner:
         a bad file, ``ValueError`` for a unit that is not a task or a
         placeholder with nothing to fill it.
         """
+        from supervisor.stackfile import load as load_stack  # YAML and pydantic: only here
+
         spec = load_stack(path)
         u = spec.units.get(unit)
         if u is None or u.kind != "task":

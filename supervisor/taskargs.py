@@ -14,7 +14,7 @@ from typing import Any
 
 from supervisor.errors import SupervisorError
 from supervisor.exitcodes import BUSY, USAGE
-from supervisor.stackfile import ArgSpec
+from supervisor.stackspec import ArgSpec
 
 ARGS_LIMIT = 64 << 10  # bytes of a call's arguments, as JSON
 
