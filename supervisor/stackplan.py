@@ -247,13 +247,8 @@ def make_trees(st: StackState) -> None:
     from supervisor.cgroup import CgroupUnavailable
 
     try:
-        if st.hierarchy is not None:
-            for u in st.every():
-                u.leaf = st.hierarchy.create(f"hold-{u.tree_id}")
-        else:
-            from supervisor.reaper import become_subreaper
-
-            become_subreaper()
+        for u in st.every():
+            u.leaf = st.containment.home(f"hold-{u.tree_id}")
         if st.on_tree_prepared is not None:
             for u in st.every():
                 st.on_tree_prepared(u.name, u.tree_id, u.leaf)
@@ -317,11 +312,11 @@ def write_record(st: StackState, **more: Any) -> None:
 
 def remove_leaves(st: StackState) -> None:
     for u in st.every():
-        if u.leaf is not None and st.hierarchy is not None:
-            try:
-                u.leaf.remove(st.hierarchy.base)
-            except OSError as e:
-                st.say(f"{u.name}: cgroup leaf {u.leaf.path} not removed: {e}")
+        try:
+            st.containment.release(u.leaf)
+        except OSError as e:
+            assert u.leaf is not None
+            st.say(f"{u.name}: cgroup leaf {u.leaf.path} not removed: {e}")
         u.leaf = None
 
 

@@ -34,7 +34,6 @@ from supervisor.stackstart import launch, launch_starts, start_job
 from supervisor.stackstate import StackResult, StackState
 from supervisor.stackstop import finish, stop_all
 from supervisor.states import UnitState
-from supervisor.stop import reap_adopted
 from supervisor.units import Unit, drain
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -182,8 +181,7 @@ def _run_timers(st: StackState) -> None:
 def _on_signals(st: StackState, fd: int) -> None:
     for signum in drain(fd):
         if signum == signal.SIGCHLD:
-            if st.hierarchy is None:
-                reap_adopted(owned_pids())
+            st.containment.reap_orphans(owned_pids())
         elif signum in STOP_SIGNALS and st.cause is None:
             name = signal.Signals(signum).name
             st.cause = Cause("signal", f"{name} received", OK)

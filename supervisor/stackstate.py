@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from supervisor.cause import Cause
 from supervisor.cgroup import Hierarchy, Leaf
+from supervisor.containment import Containment
 from supervisor.display import Display
 from supervisor.errors import SupervisorError
 from supervisor.exitcodes import USAGE
@@ -92,6 +93,7 @@ class StackState:
         self.name = spec.name
         self.run_dir = run_dir
         self.hierarchy = hierarchy
+        self.containment = Containment(hierarchy)  # the one place that says leaf or walk
         self.environ = environ
         self.extra_env = dict(extra_env or {})
         self.display = display or Display()

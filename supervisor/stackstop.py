@@ -161,7 +161,7 @@ def _check_survivors(st: StackState, started: list[Unit], reports: Reports) -> N
         tt = Tree(task.tree_id, None, None, None, leaf=task.leaf, since=st.since_ticks)
         if tt.members():
             reports.append((task.name, stop_tree(tt, sig=signal.SIGKILL, grace=0)))
-    if st.hierarchy is None:
+    if not st.containment.contained:
         sweep = Tree(
             f"{os.getpid():x}sweep",
             None,
