@@ -262,19 +262,9 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
     Exit 0 when every holder is covered, 1 when any is stray, 3 when --kill
     left survivors.
     """
-    from hold.auditcmd import main_audit
-    from supervisor.parse import parse_duration
+    from hold.auditcmd import run_audit  # also hold.entry's way in, without click
 
-    _cfg, classes = _classes()
-    if cls is not None and cls not in classes:
-        _fail(f"--device {cls!r} is not valid: one of {', '.join(sorted(classes))}")
-    if yes and not kill:
-        _fail("--yes only goes with --kill")
-    try:
-        grace_s = parse_duration(grace, what="--grace", plain_unit="seconds", allow_zero=True)
-    except BadValue as e:
-        _fail(str(e))
-    raise SystemExit(main_audit(_state_dir(), classes, cls, as_json, kill, yes, grace_s))
+    raise SystemExit(run_audit(cls, as_json, kill, yes, grace))
 
 
 # ---------------------------------------------------------------------- stacks (hold.stackcmd)

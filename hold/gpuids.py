@@ -4,7 +4,7 @@ CUDA numbers GPUs in an order of its own (fastest first, unless
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), counting only the GPUs the process may
 open, while a lease names device nodes (``/dev/nvidiaN``, N being the
 driver's minor number). A GPU's UUID names it whatever the order: NVML maps
-the node's minor number to it (``nvidia-ml-py``, the ``gpu`` extra).
+the node's minor number to it (:mod:`hold.nvml`, the driver's library).
 
 Nothing here is imported on the hot path, and NVML only for classes whose
 nodes are NVIDIA nodes (character major 195, matched by device number, not
@@ -16,7 +16,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from hold.devices import NVIDIA_MAJOR, DeviceClass, char_minor
 
@@ -50,41 +50,16 @@ def can_use(path: str) -> bool:
 
 
 def nvml_gpus() -> list[Gpu] | None:
-    """Every GPU NVML can read; None without NVML (no ``nvidia-ml-py``, no driver).
+    """Every GPU NVML can read; None without NVML (no driver).
 
     A GPU NVML may not open (a device cgroup's denial) is left out.
     """
-    try:
-        import pynvml  # type: ignore[import-not-found]  # nvidia-ml-py, optional
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        out: list[Gpu] = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            try:
-                dev = pynvml.nvmlDeviceGetHandleByIndex(i)
-                minor = int(pynvml.nvmlDeviceGetMinorNumber(dev))
-                uuid = _text(pynvml.nvmlDeviceGetUUID(dev))
-                bus = _bus(_text(pynvml.nvmlDeviceGetPciInfo(dev).busId))
-            except Exception:
-                continue
-            out.append(Gpu(minor, uuid, bus))
-        return out
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    from hold import nvml
 
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    found = nvml.gpus()
+    if found is None:
+        return None
+    return [Gpu(g.minor, g.uuid, _bus(g.bus_id)) for g in found]
 
 
 def _bus(bus_id: str) -> tuple[int, ...]:

@@ -2,7 +2,8 @@
 
 A CUDA process holding memory must appear with the same pid and the same
 device memory that NVML reports for it; one started under ``gpu-hold`` is
-covered by its lease, one started outside is STRAY.
+covered by its lease, one started outside is STRAY. NVML's own answers come
+from nvidia-ml-py (where installed), not from hold.nvml, which they check.
 """
 
 from __future__ import annotations
@@ -123,3 +124,22 @@ def test_gpu_hold_covers_and_outside_is_stray(tmp_path: Path) -> None:
     assert not os.path.exists(f"/proc/{inside_pid}/status") or (
         "Z" in Path(f"/proc/{inside_pid}/status").read_text().split("State:")[1][:5]
     )
+
+
+def test_nvml_module_matches_nvidia_ml_py() -> None:
+    """hold.nvml (ctypes) tells what nvidia-ml-py tells: minor, UUID, PCI bus id."""
+    from hold import nvml
+
+    pynvml = pytest.importorskip("pynvml")
+    pynvml.nvmlInit()
+    try:
+        want = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            dev = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid, bus = pynvml.nvmlDeviceGetUUID(dev), pynvml.nvmlDeviceGetPciInfo(dev).busId
+            want.append(nvml.NvGpu(int(pynvml.nvmlDeviceGetMinorNumber(dev)),
+                                   uuid.decode() if isinstance(uuid, bytes) else uuid,
+                                   bus.decode() if isinstance(bus, bytes) else bus))  # fmt: skip
+    finally:
+        pynvml.nvmlShutdown()
+    assert nvml.gpus() == want

@@ -1,5 +1,5 @@
 """hold.gpuids without a GPU: CUDA_VISIBLE_DEVICES as CUDA reads it, the UUIDs a
-command is given (NVML stood in for by a fake ``pynvml``), and which devices a
+command is given (NVML stood in for by a fake ``hold.nvml.gpus``), and which devices a
 caller inside an allocation may lease (nodes it may not open, a restricting
 variable).
 
@@ -13,17 +13,17 @@ import json
 import os
 import stat
 import subprocess
-import sys
-import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import as_user, unpriv_python
 
+import hold.nvml
 from hold import gpuids
 from hold.devices import DeviceClass
 from hold.gpuids import nvidia_minor, parse_visible, usable_indices, visible_env
+from hold.nvml import NvGpu
 
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
@@ -35,32 +35,23 @@ GPUS = {
 }
 
 
-def fake_pynvml(gpus: dict[int, tuple[str, str]], as_bytes: bool = False) -> types.ModuleType:
-    """Just enough of nvidia-ml-py's ``pynvml`` for hold.gpuids."""
-    m = types.ModuleType("pynvml")
+def fake_gpus(gpus: dict[int, tuple[str, str]]) -> Callable[[], list[NvGpu]]:
+    """``hold.nvml.gpus`` on a machine with these GPUs."""
     order = sorted(gpus, reverse=True)  # NVML's index order: neither minors' nor the bus's
-
-    def enc(s: str) -> Any:
-        return s.encode() if as_bytes else s
-
-    m.nvmlInit = lambda: None  # type: ignore[attr-defined]
-    m.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
-    m.nvmlDeviceGetCount = lambda: len(order)  # type: ignore[attr-defined]
-    m.nvmlDeviceGetHandleByIndex = lambda i: order[i]  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMinorNumber = lambda h: h  # type: ignore[attr-defined]
-    m.nvmlDeviceGetUUID = lambda h: enc(gpus[h][0])  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=enc(gpus[h][1]))  # type: ignore[attr-defined]
-    return m
+    return lambda: [NvGpu(m, *gpus[m]) for m in order]
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(GPUS))
+    monkeypatch.setattr(hold.nvml, "gpus", fake_gpus(GPUS))
 
 
 @pytest.fixture
 def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    def no_library() -> None:
+        raise OSError(f"{hold.nvml.LIBRARY}: cannot open shared object file")
+
+    monkeypatch.setattr(hold.nvml, "load", no_library)  # no driver: hold.nvml.gpus() is None
 
 
 @pytest.fixture
@@ -139,11 +130,7 @@ def test_visible_env_other_classes_keep_indices(tmp_path: Path, nvml: None) -> N
     assert visible_env(logical, [0]) == {"CUDA_VISIBLE_DEVICES": "0"}
 
 
-@pytest.mark.parametrize("as_bytes", [False, True])
-def test_visible_env_names_nvidia_gpus_by_uuid(
-    nv_nodes: list[str], monkeypatch: pytest.MonkeyPatch, as_bytes: bool
-) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(GPUS, as_bytes=as_bytes))
+def test_visible_env_names_nvidia_gpus_by_uuid(nv_nodes: list[str], nvml: None) -> None:
     env = visible_env(nv_class(nv_nodes), [2, 0])
     assert env == {
         "CUDA_VISIBLE_DEVICES": f"{GPUS[2][0]},{GPUS[0][0]}",
@@ -167,7 +154,7 @@ def test_visible_env_nvml_missing_a_gpu_falls_back_to_bus_order(
     # NVML reads minors 0 and 1 only: minor 2 has no UUID, so ordinals, in bus
     # order (minor 1 is on bus 0x18, minor 0 on 0x3b). A GPU NVML cannot read
     # is one CUDA cannot use either: left out.
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml({m: GPUS[m] for m in (0, 1)}))
+    monkeypatch.setattr(hold.nvml, "gpus", fake_gpus({m: GPUS[m] for m in (0, 1)}))
     cls = nv_class(nv_nodes)
     assert visible_env(cls, [0])["CUDA_VISIBLE_DEVICES"] == GPUS[0][0]
     assert visible_env(cls, [2, 0])["CUDA_VISIBLE_DEVICES"] == "1"
