@@ -159,11 +159,11 @@ def _outlived(h: Holder, where: str | None, ended: list[dict[str, Any]]) -> dict
 
 def ended_leases(sd: StateDir) -> list[dict[str, Any]]:
     """The daemon's record of recently ended leases (empty if none)."""
-    import json  # here: the table needs it only where leases ended (2.5 ms on a GPU machine)
-
     try:
         # Never through a planted link, never hanging on a FIFO.
         fd = open_for_read(os.path.join(sd.path, "ended.json"), owned=False)
+        import json  # only now: the table needs none where no lease ended (2.5 ms, issue 13)
+
         with os.fdopen(fd, "rb") as f:
             data = json.loads(f.read())
     except (OSError, ValueError, UnsafePath):
