@@ -12,7 +12,6 @@ socket or swap our token files.
 from __future__ import annotations
 
 import os
-import socket
 import stat
 
 from supervisor.parse import BadValue
@@ -75,6 +74,8 @@ SYSTEM_DIR = "/run/hold"
 
 def system_serves() -> bool:
     """Does the machine's system daemon answer on its well-known socket?"""
+    import socket  # here: 4 ms, and most commands never ask
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.connect(os.path.join(SYSTEM_DIR, "daemon.sock"))
