@@ -41,6 +41,10 @@ OPTIONS: tuple[Option, ...] = (
      "give up waiting for the device after this long: exit 75 (plain number: seconds)"),
     ("--no-wait", None, None, "exit 75 at once if the device is taken"),
     ("--private", None, None, "show the label to you and root only (with --device)"),
+    ("--scratch", None, None,
+     "a fresh private directory for the command, in $HOLD_SCRATCH, removed when "
+     "it ends (under $XDG_CACHE_HOME/hold/scratch)"),
+    ("--keep-scratch", None, None, "keep the --scratch directory (its path is printed)"),
     ("--adopt", None, "PID",
      "no command: lease the device to PID, a running process of yours, and its "
      "descendants; wait until they end, and stop them when the lease ends (exit 0 "
@@ -50,7 +54,8 @@ OPTIONS: tuple[Option, ...] = (
     ("--help", "-h", None, "show this message and exit"),
 )  # fmt: skip
 FLAGS = {"--help": "help", "--version": "version", "--verbose": "verbose",
-         "--no-wait": "no_wait", "--private": "private"}  # fmt: skip
+         "--no-wait": "no_wait", "--private": "private", "--scratch": "scratch",
+         "--keep-scratch": "keep_scratch"}  # fmt: skip
 
 
 class UsageError(HoldError):
@@ -76,6 +81,8 @@ class RunArgs:
         self.wait_timeout: float | None = None
         self.no_wait = False
         self.private = False
+        self.scratch = False
+        self.keep_scratch = False
         self.adopt: int | None = None  # --adopt PID: a running process, not a command
         self.verbose = False
         self.version = False

@@ -13,11 +13,12 @@ fatal (125), since nothing could be granted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from hold.config import CGROUP_MODES
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.devices import DeviceClass
     from hold.statedir import StateDir
     from supervisor.cause import Cause
+    from supervisor.cgroup import Hierarchy
     from supervisor.foreground import Foreground, RunResult
     from supervisor.tree import Tree
 
@@ -190,7 +192,6 @@ class Run:
         """Connect, wait in line, run the command in the foreground; its exit status."""
         from supervisor.cgroup import CgroupUnavailable, hierarchy_for
         from supervisor.environ import minimal_env
-        from supervisor.foreground import Foreground, is_foreground_tty
         from supervisor.spawn import SpawnError, resolve
 
         args = self.args
@@ -206,6 +207,37 @@ class Run:
         except SpawnError as e:
             self.say(str(e))
             return e.exit_code
+        with self._scratch(env) as code:
+            if code is not None:
+                return code
+            return self._execute(env, tree_id, hierarchy)
+
+    @contextlib.contextmanager
+    def _scratch(self, env: dict[str, str]) -> Iterator[int | None]:
+        """``--scratch``: a fresh private directory in ``HOLD_SCRATCH`` for the run's
+        whole scope (see :func:`supervisor.scratch.scoped`); an exit status if none."""
+        if not self.args.scratch:
+            yield None
+            return
+        from supervisor.safefile import UnsafePath
+        from supervisor.scratch import ScratchError, scoped
+
+        try:
+            scope = scoped(self.args.keep_scratch, self.say)
+            scratch = scope.__enter__()
+        except (ScratchError, UnsafePath, OSError) as e:
+            self.say(f"scratch: {e}")
+            yield exitcodes.USAGE
+            return
+        env["HOLD_SCRATCH"] = scratch.path
+        with contextlib.ExitStack() as stack:
+            stack.push(scope)
+            yield None
+
+    def _execute(self, env: dict[str, str], tree_id: str, hierarchy: Hierarchy | None) -> int:
+        from supervisor.foreground import Foreground, is_foreground_tty
+
+        args = self.args
         # The daemon first: if we have to start it, it must not be our child
         # while we are a subreaper (prepare() below may make us one).
         code = self._connect()

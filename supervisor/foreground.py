@@ -80,7 +80,6 @@ class Foreground:
         self.timeout = timeout
         self.grace = grace
         self.stop_signal = stop_signal
-        self.hierarchy = hierarchy
         self.containment = Containment(hierarchy)
         self.interactive = interactive
         self.leaf: cg.Leaf | None = None
@@ -89,6 +88,15 @@ class Foreground:
         self.started = 0.0
         self._prepared = False
         self._ran = False
+
+    @property
+    def hierarchy(self) -> cg.Hierarchy | None:
+        """Where leaves are made (None: the walk); set to None to fall back to the walk."""
+        return self.containment.hierarchy
+
+    @hierarchy.setter
+    def hierarchy(self, hierarchy: cg.Hierarchy | None) -> None:
+        self.containment = Containment(hierarchy)
 
     @contextlib.contextmanager
     def until_run(self) -> Iterator[None]:

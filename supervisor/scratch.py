@@ -23,11 +23,13 @@ and a ``.`` in a path once came close to wiping a shared scratch root. So:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import secrets
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from supervisor.errors import SupervisorError
@@ -271,3 +273,22 @@ def _size(n: int) -> str:
         if n >= factor:
             return f"{n / factor:.1f} {unit}"
     return f"{n} bytes"
+
+
+@contextlib.contextmanager
+def scoped(keep: bool, say: Callable[[str], None], root: str | None = None) -> Iterator[Scratch]:
+    """A fresh scratch for one run's scope (what killed runs left in ``root`` swept
+    first), removed at the scope's end however it ends, or kept and its path said.
+    Raises :class:`ScratchError`, :class:`UnsafePath` or ``OSError`` if none can be made."""
+    root = root or default_root()
+    sweep(root)
+    scratch = Scratch(root, keep=keep)
+    try:
+        yield scratch
+    finally:
+        if scratch.keep:
+            say(f"scratch kept: {scratch.keep_it()}")
+        else:
+            report = scratch.remove()
+            if not report.clean:
+                say(report.describe())
