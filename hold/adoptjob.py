@@ -19,12 +19,13 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from supervisor import exitcodes
 from supervisor.cause import Cause
 from supervisor.identity import Handle, ProcessId, read_stat
+from supervisor.sigwake import drain, signals_to_pipe
 from supervisor.tree import Member, Tree
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class Job:
                 if fd == self.handle.fd:
                     return Cause("exited", detail=f"pid {self.root.pid} ended")
                 if fd == wake:
-                    for signum in _drain(wake):
+                    for signum in drain(wake):
                         if signum in FORWARDED:
                             name = signal.Signals(signum).name
                             return Cause("signal", name, signal=signum)
@@ -217,29 +218,7 @@ class Job:
         self.handle.close()
 
 
-@contextlib.contextmanager
-def _signals_taken() -> Iterator[int]:
-    """The stop signals written to a wakeup pipe (its read end given), read by the
-    wait: from the grant on, a signal stops the job as ``hold run`` would."""
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    old = {num: signal.signal(num, _noop) for num in FORWARDED}
-    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    try:
-        yield wake_r
-    finally:
-        signal.set_wakeup_fd(old_wakeup)
-        for num, handler in old.items():
-            signal.signal(num, handler)
-        os.close(wake_r)
-        os.close(wake_w)
-
-
-def _noop(signum: int, frame: object) -> None:
-    """Signals are read from the wakeup descriptor; the handler only has to exist."""
-
-
-def _drain(fd: int) -> list[int]:
-    try:
-        return list(os.read(fd, 4096))
-    except BlockingIOError:
-        return []
+def _signals_taken() -> contextlib.AbstractContextManager[int]:
+    """The stop signals on a wakeup pipe (its read end given), read by the wait:
+    from the grant on, a signal stops the job as ``hold run`` would."""
+    return signals_to_pipe(FORWARDED)

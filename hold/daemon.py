@@ -45,6 +45,7 @@ from hold.sessions import Endings, recover
 from hold.statedir import StateDir
 from hold.status import status
 from supervisor.notify import tell_systemd
+from supervisor.sigwake import drain
 
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 
@@ -139,7 +140,7 @@ class Daemon:
                 if mask & selectors.EVENT_READ and not obj.closed:
                     self._on_readable(obj)
             elif kind == "wake":
-                _drain(wake_r)
+                drain(wake_r)
             elif kind == "owner":
                 self.endings.on_owner_exit(key.fd)
             elif kind == "blocker":
@@ -331,11 +332,3 @@ class Daemon:
                 # The client stops its command within the grace; after that
                 # (and a margin for the survivor check), the daemon does.
                 self.endings.kill_at[s.session_id] = now_mono + lease.grace + 2.0
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass

@@ -24,6 +24,7 @@ from supervisor import cgroup as cg
 from supervisor.cause import Cause
 from supervisor.containment import Containment
 from supervisor.exitcodes import EXPIRED, SURVIVORS, signalled
+from supervisor.sigwake import drain, signals_to_pipe
 from supervisor.spawn import Child, owned_pids, spawn
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree
@@ -183,27 +184,11 @@ class Foreground:
             self._remove_leaf()
         return RunResult(_status(report, cause, returncode), cause, returncode, report)
 
-    @contextlib.contextmanager
-    def _signals_taken(self) -> Iterator[int]:
-        """The forwarded signals and SIGCHLD written to a wakeup pipe (its read end
-        given); SIGTTOU ignored when interactive; the caller's handlers back after."""
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        old_handlers: dict[int, object] = {}
-        for signum in (*FORWARDED, signal.SIGCHLD):
-            old_handlers[signum] = signal.signal(signum, _noop)
-        old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        if self.interactive:
-            old_handlers[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-        try:
-            yield wake_r
-        finally:
-            signal.set_wakeup_fd(old_wakeup)
-            for num, handler in old_handlers.items():
-                signal.signal(num, handler)  # type: ignore[arg-type]
-            os.close(wake_r)
-            os.close(wake_w)
+    def _signals_taken(self) -> contextlib.AbstractContextManager[int]:
+        """The forwarded signals and SIGCHLD on a wakeup pipe (its read end given);
+        SIGTTOU ignored when interactive (we hand the terminal back and forth)."""
+        ignore = (signal.SIGTTOU,) if self.interactive else ()
+        return signals_to_pipe((*FORWARDED, signal.SIGCHLD), ignore=ignore)
 
     def _spawn(self) -> Child:
         self.started = time.monotonic()
@@ -234,7 +219,7 @@ class Foreground:
                     if child.poll() is not None:
                         return Cause("exited")
                 elif fd == wake:
-                    for signum in _drain(wake):
+                    for signum in drain(wake):
                         if signum == signal.SIGCHLD:
                             self._on_sigchld(child)
                         elif signum in FORWARDED:
@@ -279,17 +264,6 @@ class Foreground:
 
     def _remove_leaf(self) -> None:
         self.containment.release(self.leaf)
-
-
-def _noop(signum: int, frame: object) -> None:
-    """Signals are read from the wakeup descriptor; the handler only has to exist."""
-
-
-def _drain(fd: int) -> list[int]:
-    try:
-        return list(os.read(fd, 4096))
-    except BlockingIOError:
-        return []
 
 
 def _status(report: StopReport, cause: Cause, returncode: int | None) -> int:

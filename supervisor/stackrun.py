@@ -12,19 +12,17 @@ daemon), with the next timer (a restart's backoff, ``--for``) as its timeout.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import select
 import signal
 import time
-from collections.abc import Iterator
-from typing import Any
 
 from supervisor.cause import Cause
 from supervisor.exitcodes import OK, TOOL
 from supervisor.parse import format_cpus
 from supervisor.safefile import UnsafePath
+from supervisor.sigwake import signals_to_pipe
 from supervisor.spawn import owned_pids
 from supervisor.stackcontrol import on_request
 from supervisor.stackctl import ControlServer
@@ -42,34 +40,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 def run_prepared(st: StackState) -> StackResult:
     """Start, supervise until a cause to stop, stop everything; the result."""
     st.ev_r, st.ev_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    sig_r, sig_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        with _signals_to(sig_w):
+        with signals_to_pipe((*STOP_SIGNALS, signal.SIGCHLD)) as sig_r:
             return _supervise(st, sig_r)
     finally:
-        for fd in (st.ev_r, st.ev_w, sig_r, sig_w):
+        for fd in (st.ev_r, st.ev_w):
             os.close(fd)
-
-
-@contextlib.contextmanager
-def _signals_to(fd: int) -> Iterator[None]:
-    """The stop signals and SIGCHLD written to ``fd`` (the loop reads them); the
-    caller's handlers back on the way out."""
-    old_handlers: dict[int, Any] = {}
-    for signum in (*STOP_SIGNALS, signal.SIGCHLD):
-        old_handlers[signum] = signal.signal(signum, _noop)
-    old_wakeup = signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(old_wakeup)
-        for num, handler in old_handlers.items():
-            if handler is not None:
-                signal.signal(num, handler)
-
-
-def _noop(signum: int, frame: object) -> None:
-    """Signals are read from the wakeup descriptor; the handler only has to exist."""
 
 
 def _supervise(st: StackState, sig_r: int) -> StackResult:

@@ -17,6 +17,7 @@ from supervisor.liveness import Liveness
 from supervisor.notify import NotifySocket
 from supervisor.parse import format_cpus
 from supervisor.scratch import Scratch
+from supervisor.sigwake import drain as drain  # the wakeup pipes of jobs and units
 from supervisor.spawn import Child
 from supervisor.stackspec import UnitSpec
 from supervisor.states import UnitState
@@ -192,16 +193,3 @@ def reap_if_exited(u: Unit) -> None:
     c = u.child
     if c is not None and c.returncode is None and peek_exit(c) is not None:
         u.returncode = c.poll()
-
-
-def drain(fd: int) -> list[int]:
-    """Empty a non-blocking wakeup pipe; the bytes read (signal numbers for the signal pipe)."""
-    out: list[int] = []
-    while True:
-        try:
-            data = os.read(fd, 4096)
-        except (BlockingIOError, OSError):
-            return out
-        if not data:
-            return out
-        out.extend(data)
