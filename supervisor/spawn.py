@@ -239,14 +239,7 @@ def spawn(
     Raises :class:`SpawnError` (127/126 for a missing or non-executable
     program) before anything runs.
     """
-    if not argv:
-        raise SpawnError("no command given", 2)
-    if cpus is not None and not cpus:
-        raise SpawnError("empty CPU mask: refusing to start without pinning", 2)
-    program = resolve(argv[0], env.get("PATH"), cwd)
-    if cwd is not None and not os.path.isdir(cwd):
-        raise SpawnError(f"working directory {cwd}: no such directory", 2)
-
+    program = _checked(argv, env, cpus, cwd)
     actions = _fd_actions(stdin, stdout, stderr, pass_fds)
     path, args = _exec_of(program, argv, env, cgroup, cwd)
     with _pinned(cpus):
@@ -276,6 +269,20 @@ def spawn(
     if cpus is not None:
         _verify_mask(child, cpus)
     return child
+
+
+def _checked(
+    argv: Sequence[str], env: Mapping[str, str], cpus: frozenset[int] | None, cwd: str | None
+) -> str:
+    """What is refused before anything runs; the program found (as ``execvp`` would)."""
+    if not argv:
+        raise SpawnError("no command given", 2)
+    if cpus is not None and not cpus:
+        raise SpawnError("empty CPU mask: refusing to start without pinning", 2)
+    program = resolve(argv[0], env.get("PATH"), cwd)
+    if cwd is not None and not os.path.isdir(cwd):
+        raise SpawnError(f"working directory {cwd}: no such directory", 2)
+    return program
 
 
 def _fd_actions(
