@@ -39,6 +39,7 @@ class LeaseView(NamedTuple):
     holder_start: int
     leaves: tuple[str, ...]
     alive: bool  # the holder still runs
+    roots: tuple[tuple[int, int], ...] = ()  # adopted jobs' roots (pid, start time)
 
 
 def live_leases(sd: StateDir) -> list[LeaseView]:
@@ -76,7 +77,8 @@ def live_leases(sd: StateDir) -> list[LeaseView]:
         st = procscan.stat_of(rec.holder_pid)
         alive = st is not None and not st.is_dead and st.starttime == rec.holder_start
         out.append(LeaseView(rec.lease, rec.cls, rec.devices, rec.label or "(private)",
-                             rec.holder_pid, rec.holder_start, rec.leaves, alive))  # fmt: skip
+                             rec.holder_pid, rec.holder_start, rec.leaves, alive,
+                             rec.roots))  # fmt: skip
     return out
 
 
@@ -107,6 +109,8 @@ def attribute(
         by = None
         if (lv.holder_pid, lv.holder_start) in chain:
             by = f"descends from holder pid {lv.holder_pid}"
+        elif any(r in chain for r in lv.roots):
+            by = "in the lease's adopted job"
         elif where is not None and any(within(where, lf) for lf in lv.leaves):
             by = "in the lease's cgroup"
         if by is None:

@@ -120,6 +120,8 @@ def judge_lease(asker: ProcessId, cls: str, records: list[LeaseRecord]
             continue
         if holder in chain:
             return True, f"inside {label}", rec
+        if any(r in chain for r in rec.roots):
+            return True, f"inside {label} (its adopted job)", rec
         for leaf in rec.leaves:
             if where is not None and within(where, leaf):
                 return True, f"inside {label} (by its cgroup)", rec

@@ -39,11 +39,15 @@ class LeaseRecord(NamedTuple):
     command_pid: int | None
     leaves: tuple[str, ...]
     trees: tuple[str, ...]
+    # The trees' roots, (pid, start time): an adopted job does not descend from
+    # the holder, and with the /proc walk it has no leaf; its root is the proof.
+    roots: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = self._asdict()
         for k in ("devices", "leaves", "trees"):
             d[k] = list(d[k])
+        d["roots"] = [list(r) for r in self.roots]
         return d
 
     @classmethod
@@ -73,12 +77,25 @@ class LeaseRecord(NamedTuple):
             need("user", str), float(need("granted", int, float)),
             float(need("expires", int, float)),
             command if isinstance(command, int) and not isinstance(command, bool) else None,
-            seq("leaves", str), seq("trees", str),
+            seq("leaves", str), seq("trees", str), _roots(d.get("roots")),
         )  # fmt: skip
 
     def seen_by(self, viewer: int, private: bool) -> LeaseRecord:
         """As ``viewer`` (a uid) may see it: a private label only for its owner and root."""
         return self if not private or viewer in (0, self.uid) else self._replace(label=None)
+
+
+def _roots(v: object) -> tuple[tuple[int, int], ...]:
+    """``roots`` of a record: pairs of integers (pid, start time); ValueError otherwise."""
+    if v is None:
+        return ()
+    out: list[tuple[int, int]] = []
+    for r in v if isinstance(v, list) else [None]:
+        if not (isinstance(r, list) and len(r) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)):  # fmt: skip
+            raise ValueError("lease record: 'roots' of the wrong type")
+        out.append((r[0], r[1]))
+    return tuple(out)
 
 
 class Log:
@@ -176,11 +193,17 @@ class Records:
         lease = s.lease
         assert lease is not None
         roots = [t.root_pid for t in s.trees.values() if t.root_pid]
+        # Every tree's root known by (pid, start): for an adopted job the only
+        # link to the lease; for the others, a second proof beside the holder.
+        tree_roots = tuple(
+            (t.root_pid, t.root_start) for t in s.trees.values()
+            if t.root_pid is not None and t.root_start is not None
+        )  # fmt: skip
         return LeaseRecord(
             lease.lease_id, lease.cls, tuple(lease.devices), lease.label, s.owner_pid,
             s.owner_start, s.uid, s.user, lease.granted, lease.expires,
             roots[0] if roots else None,
-            tuple(t.leaf for t in s.trees.values() if t.leaf), tuple(s.trees),
+            tuple(t.leaf for t in s.trees.values() if t.leaf), tuple(s.trees), tree_roots,
         )  # fmt: skip
 
     def remember(self, s: SessionRec) -> None:
