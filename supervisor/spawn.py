@@ -13,11 +13,13 @@ What the child gets, and how:
 * **descriptors 0, 1, 2 only** (plus any named): every inheritable descriptor
   of ours gets a close action; non-inheritable ones close at ``exec``;
 * **its environment**, given whole (see :mod:`supervisor.environ`);
-* **its cgroup leaf**, when it has one: a two-word ``/bin/sh`` stub writes its
-  own pid into the leaf's ``cgroup.procs`` and then ``exec``\\ s the program, so
-  the program's first instruction already runs inside the leaf. (Python has
-  no ``clone3(CLONE_INTO_CGROUP)``, and a ``preexec_fn`` is unsafe in a
-  threaded parent.)
+* **its cgroup leaf**, when it has one: born there by
+  ``clone3(CLONE_INTO_CGROUP)`` where this process is single-threaded and the
+  kernel allows it (:mod:`supervisor.intoleaf`: no RCU grace period, no
+  shell); elsewhere a two-word ``/bin/sh`` stub writes its own pid into the
+  leaf's ``cgroup.procs`` and then ``exec``\\ s the program. Either way the
+  program's first instruction already runs inside the leaf. (A
+  ``preexec_fn`` is unsafe in a threaded parent.)
 
 ``posix_spawn`` (glibc: ``clone(CLONE_VM|CLONE_VFORK)``) rather than
 ``subprocess``: it reports ``exec`` failures synchronously, resets signal
@@ -39,6 +41,7 @@ from supervisor.cgroup import Leaf
 from supervisor.errors import SupervisorError
 from supervisor.exitcodes import NOT_EXECUTABLE, NOT_FOUND, TOOL
 from supervisor.identity import Handle, ProcessId, read_stat
+from supervisor.intoleaf import ChdirFailed, clone_into
 from supervisor.parse import format_cpus
 
 _CGROUP_STUB = 'echo $$ > "$0" || exit 125; exec "$@"'
@@ -241,18 +244,16 @@ def spawn(
     """
     program = _checked(argv, env, cpus, cwd)
     actions = _fd_actions(stdin, stdout, stderr, pass_fds)
-    path, args = _exec_of(program, argv, env, cgroup, cwd)
     with _pinned(cpus):
         try:
-            pid = os.posix_spawn(
-                path,
-                args,
-                env,
-                file_actions=actions,
-                setsigmask=(),
-                setsigdef=_ALL_SIGNALS,
-                **({"setsid": True} if new_session else {"setpgroup": 0}),
-            )
+            pid = None
+            if cgroup is not None:  # born in the leaf where the kernel allows it
+                pid = clone_into(cgroup.path, program, argv, env, actions,
+                                 new_session=new_session, cwd=cwd)  # fmt: skip
+            if pid is None:
+                pid = _posix_spawn(program, argv, env, actions, new_session, cgroup, cwd)
+        except ChdirFailed as e:
+            raise SpawnError(f"working directory {cwd}: {e.strerror}", TOOL) from None
         except FileNotFoundError:
             raise SpawnError(f"{argv[0]}: command not found", NOT_FOUND) from None
         except PermissionError:
@@ -269,6 +270,23 @@ def spawn(
     if cpus is not None:
         _verify_mask(child, cpus)
     return child
+
+
+def _posix_spawn(
+    program: str, argv: Sequence[str], env: Mapping[str, str], actions: list[tuple[int, ...]],
+    new_session: bool, cgroup: Leaf | None, cwd: str | None,
+) -> int:  # fmt: skip
+    """``posix_spawn`` of the program, or of the stub that gets it into ``cgroup``/``cwd``."""
+    path, args = _exec_of(program, argv, env, cgroup, cwd)
+    return os.posix_spawn(
+        path,
+        args,
+        env,
+        file_actions=actions,
+        setsigmask=(),
+        setsigdef=_ALL_SIGNALS,
+        **({"setsid": True} if new_session else {"setpgroup": 0}),
+    )
 
 
 def _checked(
