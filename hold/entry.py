@@ -90,7 +90,7 @@ def npu_main() -> int:
         return complete_program("npu-hold")
     from hold.runcmd import main_run
 
-    return main_run(sys.argv[1:], prog="npu-hold", device="npu")
+    return _quick_exit(main_run(sys.argv[1:], prog="npu-hold", device="npu"))
 
 
 def gpu_main() -> int:
@@ -100,4 +100,17 @@ def gpu_main() -> int:
         return complete_program("gpu-hold")
     from hold.runcmd import main_run
 
-    return main_run(sys.argv[1:], prog="gpu-hold", device="gpu")
+    return _quick_exit(main_run(sys.argv[1:], prog="gpu-hold", device="gpu"))
+
+
+def _quick_exit(code: int) -> int:
+    """Exit with ``code`` now, without tearing the interpreter down (~2.5 ms of
+    ``npu-hold``'s start-up, issue 13): by now the command's tree is stopped,
+    the lease ended and every file closed; only stdout and stderr may still
+    buffer. If flushing them fails, return instead (Python's own exit says why)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        return code
+    os._exit(code)

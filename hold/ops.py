@@ -20,7 +20,7 @@ from hold.guard import judge
 from hold.ledger import SessionRec, TreeRec
 from hold.protocol import Message, check_label, flag_field, ints_field, number_field, text_field
 from hold.reportdoc import answer as report_answer
-from hold.sessions import Endings
+from hold.sessions import HOLDER_ENDED, Endings
 from hold.status import status
 from supervisor import procscan
 from supervisor.exitcodes import TOOL
@@ -146,7 +146,7 @@ class Ops:
             conn.send({"ev": "ended"})
             return
         self.endings.release_waiters.setdefault(s.session_id, []).append((conn, "ended"))
-        self.endings.end(s, "ended by its holder")
+        self.endings.end(s, HOLDER_ENDED)
 
     # --------------------------------------------------------------- acquire
 

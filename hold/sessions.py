@@ -27,6 +27,8 @@ from supervisor.identity import ProcessId
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree
 
+HOLDER_ENDED = "ended by its holder"  # the reason of an `end` from the session's own client
+
 # What a stop worker reports: the session, its stops, the devices still held
 # (by whom), and those its scan found empty (see hold.occupancy).
 Stopped = tuple[str, list[StopReport], dict[int, Any], frozenset[int]]
@@ -61,6 +63,15 @@ class Endings:
         # the lease's for whoever is left on its devices.
         grace = s.lease.grace if s.lease else max((t.grace for t in s.trees.values()), default=10.0)
         trees = [(_tree_of(s, t), t.grace) for t in s.trees.values()]
+        if reason == HOLDER_ENDED:
+            # The holder stopped its trees itself (the same stop_tree, survivor
+            # check and all) before it said "end". A tree in a leaf that is now
+            # empty or gone is over -- the leaf is the tree, and a leaf cannot be
+            # removed while anyone is in it -- so it is not walked again here
+            # (twice more through /proc per handoff, issue 13). Whoever still
+            # holds the lease's devices, in the leaf or not, is the leftover
+            # scan's below; a holder that lied only lied about its own tree.
+            trees = [(t, g) for t, g in trees if t.leaf is None or t.leaf.populated()]
         devices = (
             (s.lease.cls, s.lease.devices, s.lease.granted)
             if s.lease and self.st.scanned[s.lease.cls]

@@ -78,7 +78,11 @@ def clone_into(
         os.close(err_r)
         os.close(err_w)
         return None  # the stub says why, as it always has
-    pid = _fork_into(call, dirfd, err_w, path, argv, env, actions, new_session, cwd)
+    # Those not at their default already, as Python knows them (it read every
+    # disposition at start-up, an inherited SIG_IGN included): a sigaction per
+    # signal in the child would be 0.3 ms of every spawn.
+    resets = [s for s in _ALL_SIGNALS if signal.getsignal(s) != signal.SIG_DFL]
+    pid = _fork_into(call, dirfd, err_w, path, argv, env, actions, new_session, cwd, resets)
     if pid is None:
         os.close(err_r)
         return None
@@ -95,6 +99,7 @@ def _fork_into(
     actions: Sequence[tuple[int, ...]],
     new_session: bool,
     cwd: str | None,
+    resets: Sequence[int],
 ) -> int | None:
     """The clone itself, every signal blocked around it; the pid, or None if refused."""
     global _refused
@@ -113,7 +118,7 @@ def _fork_into(
         size = ctypes.c_size_t(ctypes.sizeof(struct))
         pid = call(ctypes.c_long(_SYS_CLONE3), ctypes.byref(struct), size)
         if pid == 0:
-            _child(err_w, path, argv, env, actions, new_session, cwd)
+            _child(err_w, path, argv, env, actions, new_session, cwd, resets)
         err = ctypes.get_errno()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -155,11 +160,12 @@ def _child(
     actions: Sequence[tuple[int, ...]],
     new_session: bool,
     cwd: str | None,
+    resets: Sequence[int],
 ) -> NoReturn:
     """In the new process: set up as ``posix_spawn`` would, then exec; never returns."""
     stage = "setup"
     try:
-        for sig in _ALL_SIGNALS:
+        for sig in resets:
             signal.signal(sig, signal.SIG_DFL)
         if new_session:
             os.setsid()

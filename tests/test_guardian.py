@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import HOLD, alive, wait_for
 
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
@@ -105,3 +106,46 @@ def test_a_root_claim_that_is_not_the_clients_descendant_is_refused_and_logged()
         assert alive(victim)
     finally:
         sock.close()
+
+
+def test_an_end_stops_a_tree_still_in_its_leaf_and_does_not_walk_one_whose_leaf_is_gone() -> None:
+    """``end`` from the holder: a tree whose leaf still has a process is stopped
+    by the daemon (the holder may not have); one whose leaf is empty and gone
+    was stopped by the holder and is not walked again (issue 13's handoff)."""
+    from supervisor.cgroup import CgroupUnavailable, Hierarchy
+    from supervisor.environ import minimal_env
+    from supervisor.spawn import spawn
+
+    try:
+        hier = Hierarchy.find()
+    except CgroupUnavailable as e:
+        pytest.skip(f"no writable cgroup v2 here: {e}")
+    state = start_daemon()
+    live_id, done_id = os.urandom(6).hex(), os.urandom(6).hex()
+    live, done = hier.create(f"hold-{live_id}"), hier.create(f"hold-{done_id}")
+    env = minimal_env(os.environ, tree_id=live_id)
+    child = spawn([sys.executable, "-c", "import time; time.sleep(60)"], env=env, cgroup=live)
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.connect(str(state / "daemon.sock"))
+        f = sock.makefile("rb")
+        assert talk(sock, f, {"op": "open"})["ev"] == "session"
+        for tid, leaf in ((live_id, live), (done_id, done)):
+            ans = talk(sock, f, {"op": "tree", "tree_id": tid, "leaf": leaf.path, "grace": 1})
+            assert ans["ev"] == "ok", ans
+        done.remove(hier.base)  # what a holder does once its tree is stopped
+        assert talk(sock, f, {"op": "end"})["ev"] == "ended"
+        assert child.collect(10) is not None, "the tree still in its leaf was not stopped"
+    finally:
+        sock.close()
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        live.kill()
+        live.wait_empty(5)
+        if os.path.isdir(live.path):
+            live.remove(hier.base)
+    log = [json.loads(line) for line in (state / "daemon.log").read_text().splitlines()]
+    stopped = {e.get("tree") for e in log if e.get("event") == "tree_stopped"}
+    assert live_id in stopped
+    assert done_id not in stopped
