@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.task                    # defaults: 200 rounds, hold call every 5th
     .venv/bin/python -m bench.task --runs 40          # a quick look
+    .venv/bin/python -m bench.task --procs 1000       # as on a shared machine
 
 One task that exits at once (``/bin/true``, on a one-CPU lane), called in
 interleaved rounds (so that noise on a shared machine spreads over all of them):
@@ -24,6 +25,10 @@ interleaved rounds (so that noise on a shared machine spreads over all of them):
 * **hold call**: the console script against a running ``hold up`` of the
   same unit (its default, cgroup auto), every ``--cli-every``-th round; with
   ``python3 -c pass`` beside it, the interpreter start any Python CLI pays.
+
+``--procs N`` first starts N idle processes (``sleep``, in a session of their
+own, killed at the end): a shared machine has many, and the walk's cost grows
+with them (the process count is in the table's first line).
 
 Every call is checked (exit 0, no survivors). Medians and p90 (nearest
 rank), each with its overhead over the bare spawn's median and the ratio;
@@ -99,14 +104,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=200, help="interleaved rounds (200)")
     ap.add_argument("--cli-every", type=int, default=5, help="hold call in every Nth round (5)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed rounds first (5)")
+    ap.add_argument("--procs", type=int, default=0, help="idle processes to start first (0)")
     ap.add_argument("--name", default=time.strftime("task-%Y%m%d-%H%M%S"))
     a = ap.parse_args(argv)
+    crowd = start_crowd(a.procs)
+    try:
+        return run(a)
+    finally:
+        stop_crowd(crowd)
+
+
+def start_crowd(n: int) -> subprocess.Popen[bytes] | None:
+    """``n`` idle processes (children of one shell, in its own session), or None."""
+    if n <= 0:
+        return None
+    script = f"i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; echo up; wait"
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.readline()  # "up": every sleep has been started
+    return proc
+
+
+def stop_crowd(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the shell's session: its group, all of it
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run(a: argparse.Namespace) -> int:
 
     lane = max(allowed_cpus())
     result: dict[str, Any] = {
         "machine": machine(),
         "load_start": loadavg(),
         "params": vars(a) | {"lane": lane, "task": TASK},
+        "processes": sum(1 for n in os.listdir("/proc") if n.isdigit()),
     }
     with tempfile.TemporaryDirectory(prefix="hold-bench-task-") as tmp:
         work = Path(tmp)
@@ -195,8 +232,8 @@ def table(r: dict[str, Any]) -> str:
     py = median(s["python3 -c pass"])
     lines = [
         f"Machine: {m['cpu']}, {m['nproc']} CPUs, kernel {m['kernel']}, Python {m['python']}; "
-        f"load {r['load_start']} -> {r['load_end']}; task {r['params']['task']} on CPU "
-        f"{r['params']['lane']}",
+        f"load {r['load_start']} -> {r['load_end']}; {r.get('processes', '?')} processes; "
+        f"task {r['params']['task']} on CPU {r['params']['lane']}",
         "",
         "| per call | n | median ms | p90 ms | over bare ms | x bare |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",

@@ -178,7 +178,7 @@ def check_survivors(
         for pid, node in sorted(procscan.holders_of(set(nodes), younger).items())
     ]
     if ports:
-        holders += _port_holders(ports, procs, younger)
+        holders += _port_holders(ports, younger)
     return out, holders
 
 
@@ -200,7 +200,7 @@ def _agreed(tree: Tree) -> Look:
     return procs, found
 
 
-def _port_holders(ports: Ports, procs: dict[int, Stat], younger: list[int]) -> list[Holder]:
+def _port_holders(ports: Ports, younger: list[int]) -> list[Holder]:
     """Who still listens on one of ``ports``: the younger owners we can see, and
     the ports whose owner nobody we may inspect is (without a pid)."""
     listening = procscan.listeners()
@@ -222,7 +222,9 @@ def _port_holders(ports: Ports, procs: dict[int, Stat], younger: list[int]) -> l
     # into a failure. The port is named, since it is not free.
     rest = set(still) - set(owners)
     if rest:
-        rest -= set(procscan.socket_owners(rest, list(procs)))
+        # Every process now, not only the look's: a look may leave out the
+        # processes older than the tree (supervisor.proccache), owners too.
+        rest -= set(procscan.socket_owners(rest, procscan.pids()))
     for inode in sorted(rest):
         ln = still[inode]
         holders.append(Holder(None, None, "?", f"{ln.proto}/{ln.port} still listening", "?"))

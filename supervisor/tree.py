@@ -38,6 +38,7 @@ from supervisor import procscan
 from supervisor.cgroup import Leaf
 from supervisor.environ import MARKER
 from supervisor.identity import ProcessId, Stat
+from supervisor.proccache import ProcCache
 
 # How often a look reads the pids that appeared while it walked /proc.
 _TOP_UPS = 4
@@ -68,11 +69,12 @@ class Tree:
     whose orphans it adopts, so its unowned children belong to the tree;
     ``owned`` are children of ours that others reap (never "adopted").
     ``seen`` remembers every member ever found, to find their descendants
-    after the process between them has exited.
+    after the process between them has exited. ``cache``: looks may skip the
+    processes it proves older than the root (:mod:`supervisor.proccache`).
     """
 
-    __slots__ = ("adopts_orphans", "leaf", "owned", "pgid", "root", "seen", "sid", "since",
-                 "spare", "tree_id", "uid")  # fmt: skip
+    __slots__ = ("adopts_orphans", "cache", "leaf", "owned", "pgid", "root", "seen", "sid",
+                 "since", "spare", "tree_id", "uid")  # fmt: skip
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class Tree:
         since: int | None = None,
         uid: int | None = None,
         spare: frozenset[int] = frozenset(),
+        cache: ProcCache | None = None,
     ) -> None:
         if root is not None:
             since = root.starttime
@@ -102,6 +105,7 @@ class Tree:
         self.adopts_orphans = adopts_orphans
         self.owned = owned
         self.seen: set[ProcessId] = set()
+        self.cache = cache
 
     @property
     def marker(self) -> bytes:
@@ -150,7 +154,15 @@ class Tree:
         was there and was no member then cannot have become one since -- a
         member is only ever made by a member's fork -- so this confirms that
         look for the price of a listing of /proc, not a read of every process.
+
+        With a ``cache`` (and a root in a session of its own), what it proves
+        older than the root is not read at all, nor returned: see
+        :meth:`_cached_look`.
         """
+        if self.cache is not None:
+            look = self._cached_look(self.cache)
+            if look is not None:
+                return look
         if after is None:
             procs = procscan.snapshot()
             marked = {st.pid for st in procs.values() if self._carries_marker(st)}
@@ -168,6 +180,35 @@ class Tree:
                 if self._carries_marker(st):
                     marked.add(pid)
         return procs, self._members(procs, marked, everywhere=True)
+
+    def _cached_look(self, cache: ProcCache) -> tuple[dict[int, Stat], dict[int, Member]] | None:
+        """A look that reads only the processes ``cache`` cannot prove older than
+        the root; None where it may not answer.
+
+        It may where every member and every process of the tree's group must
+        have started at or after the root (see :mod:`supervisor.proccache`): the
+        root has a session of its own and the group is the session's, nothing
+        is spared (a spared process's descendants are found through it), and
+        no member older than the root was ever found. Only the cgroup leaf (a
+        process moved into it) and adoption (an older child of ours) can give
+        such a member, and its descendants could be older too: then, and from
+        then on, None, and the look reads everything.
+        """
+        if self.sid is None or self.pgid not in (None, self.sid) or self.spare:
+            return None
+        if any(i.starttime < self.since for i in self.seen):
+            return None
+        procs = cache.walk(self.since, _TOP_UPS)
+        if self.adopts_orphans:
+            for pid in procscan.children_of_self():
+                st = procs.get(pid) or procscan.stat_of(pid)
+                if st is not None:
+                    procs[pid] = st
+        marked = {st.pid for st in procs.values() if self._carries_marker(st)}
+        members = self._members(procs, marked, everywhere=True)
+        if any(m.ident.starttime < self.since for m in members.values()):
+            return None
+        return procs, members
 
     def _carries_marker(self, st: Stat) -> bool:
         return (

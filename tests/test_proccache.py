@@ -1,0 +1,209 @@
+"""Looks that skip what is proven older than the tree (:mod:`supervisor.proccache`).
+
+What the cache rests on is checked on this kernel: a pid reused by a new
+process is listed under a new inode number, so it is read, never taken for
+the old one. Then the stops of test_stop.py's hardest trees, with a cached
+tree: nothing missed, nothing left. And the one way an older process can be a
+member (moved into the leaf, with an older child outside it): the look falls
+back to reading everything, and the child is found and stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import alive, wait_for
+from test_stop import Started, _assert_all_gone, _grows, _marked, _wait
+
+from supervisor.cgroup import Hierarchy
+from supervisor.environ import minimal_env
+from supervisor.identity import read_stat
+from supervisor.proccache import ProcCache, listing
+from supervisor.spawn import owned_pids, spawn
+from supervisor.stop import stop_tree
+from supervisor.tree import Tree
+
+TOP_UPS = 4
+
+
+def _spawn_at(pid: int) -> subprocess.Popen[bytes] | None:
+    """A new process at ``pid`` (free now), through ns_last_pid (root); None if
+    other forks on the machine keep taking it first."""
+    for _ in range(100):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        p = subprocess.Popen(["sleep", "60"])
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+    return None
+
+
+def test_a_reused_pid_is_read_again_not_taken_for_the_old_process() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("placing a process at a chosen pid (ns_last_pid) needs root")
+    cache = ProcCache()
+    old = subprocess.Popen(["sleep", "60"])
+    try:
+        born = read_stat(old.pid).starttime
+        time.sleep(0.05)  # a few clock ticks: what starts from now on is younger
+        since = born + 1
+        assert old.pid in cache.walk(since, TOP_UPS)  # not known yet: read
+        assert old.pid not in cache.walk(since, TOP_UPS)  # proven older: skipped
+        ino = listing()[str(old.pid)]
+    finally:
+        old.kill()
+        old.wait()
+    new = _spawn_at(old.pid)
+    if new is None:
+        pytest.skip(f"pid {old.pid} kept being taken by other forks")
+    try:
+        # The kernel's side of it: a new process, a new number for its directory.
+        assert listing()[str(new.pid)] != ino
+        procs = cache.walk(since, TOP_UPS)
+        assert new.pid in procs, "a reused pid was taken for the older process"
+        assert procs[new.pid].starttime == read_stat(new.pid).starttime >= since
+    finally:
+        new.kill()
+        new.wait()
+
+
+def test_what_started_at_or_after_since_is_read_on_every_walk() -> None:
+    cache = ProcCache()
+    cache.walk(0, TOP_UPS)
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        st = read_stat(p.pid)
+        for _ in range(3):
+            procs = cache.walk(st.starttime, TOP_UPS)
+            assert procs[p.pid] == st
+        p.send_signal(signal.SIGSTOP)
+        wait_for(lambda: read_stat(p.pid).state == "T", what="the stop to show")
+        assert cache.walk(st.starttime, TOP_UPS)[p.pid].state == "T"  # read now, not kept
+        assert p.pid not in cache.walk(st.starttime + 1, TOP_UPS)  # older than that: skipped
+    finally:
+        p.kill()
+        p.wait()
+
+
+# --------------------------------------------------------------------------
+# Stops with a cached tree (test_stop.py's trees and checks).
+
+
+@pytest.fixture
+def start_cached(cgroup_mode: str, tmp_path: Path) -> Iterator[Callable[..., Started]]:
+    made: list[Started] = []
+    cache = ProcCache()
+    cache.walk(0, TOP_UPS)  # everything there now is known before the tree starts
+
+    def _start(prog: str, *args: str) -> Started:
+        s = Started(tmp_path, cgroup_mode, prog, list(args))
+        s.tree.cache = cache
+        made.append(s)
+        return s
+
+    try:
+        yield _start
+    finally:
+        for s in made:
+            s.cleanup()
+
+
+def _cache_answered(tree: Tree) -> None:
+    """No member older than the root was found: the cached look answered every look."""
+    assert not [i for i in tree.seen if i.starttime < tree.since]
+
+
+def test_nasty_tree_is_stopped_completely_with_the_cache(
+    start_cached: Callable[..., Started], cgroup_mode: str
+) -> None:
+    s = start_cached("nasty_tree.py", "--forkers", "3", "--sleepers", "4")
+    ids = s.wait_ready({"main": 1, "child": 1, "forker": 3, "escapee": 1, "sleeper": 4})
+    port = s.port
+    report = s.stop(grace=0.3)
+    _assert_all_gone(s, ids, port)
+    assert report.ok and report.outcome == "killed", report.summary()
+    stopped = {m.pid for m in report.stopped}
+    assert {i.pid for idents in ids.values() for i in idents} <= stopped, report.summary()
+    assert str(s.device) in report.held and f"tcp/{port}" in report.held
+    _cache_answered(s.tree)
+    assert _wait(s.child) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("cgroup_mode", ["walk"], indirect=True)
+def test_fork_loops_are_never_reported_empty_with_the_cache(
+    start_cached: Callable[..., Started], cgroup_mode: str
+) -> None:
+    """As test_stop's: each process of the loop lives about a millisecond, the
+    root is gone before the stop; a look that skipped what it should read
+    would report the tree empty while the loop runs on."""
+    for opts in ([], ["--setsid"], ["--loops", "3", "--setsid"]):
+        s = start_cached("forkloop_tree.py", *opts)
+        s.wait_ready({"main": 1, "loop": 1}, port=False)
+        assert _wait(s.child) == 0
+        assert _grows(s.device), "the fork loop does not run"
+        report = s.stop(grace=0.2)
+        assert not _grows(s.device), f"the fork loop runs on after: {report.summary()}"
+        assert report.ok and report.stopped and report.outcome == "killed", report.summary()
+        assert _marked(s.tree_id) == []
+        _cache_answered(s.tree)
+
+
+@pytest.mark.parametrize("cgroup_mode", ["cgroup"], indirect=True)
+def test_an_older_process_moved_into_the_leaf_brings_its_older_child(
+    cgroup_mode: str, tmp_path: Path
+) -> None:
+    """Root may move any process into the tree's leaf: it is then a member
+    (cgroup), and so is its child outside the leaf (descent), though both
+    started before the root, which the cached look skips. The look must fall
+    back to reading everything: the child gets the stop signal and ends."""
+    if os.geteuid() != 0:
+        pytest.skip("moving another process into the leaf needs root here")
+    ready = tmp_path / "ready"
+    older = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, time\n"
+         "if os.fork() == 0:\n    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+         "time.sleep(60)\n", str(ready)],
+        start_new_session=True,
+    )  # fmt: skip
+    hier = Hierarchy.find()
+    leaf = hier.create(f"holdtest-older-{uuid.uuid4().hex[:12]}")
+    child = None
+    try:
+        pid = wait_for(lambda: ready.exists() and ready.read_text(), what="the older child")
+        older_child = int(pid)
+        cache = ProcCache()
+        cache.walk(0, TOP_UPS)
+        time.sleep(0.05)  # the root starts some ticks later
+        child = spawn(["sleep", "60"], env=minimal_env(os.environ, tree_id="t-old"), cgroup=leaf)
+        leaf.move(older.pid)
+        tree = Tree("t-old", child.ident, child.pid, child.pid, leaf=leaf, owned=owned_pids(),
+                    cache=cache)  # fmt: skip
+        assert read_stat(older_child).starttime < tree.since
+        report = stop_tree(tree, grace=2.0)
+        assert report.ok, report.summary()
+        found = {m.pid: m.found_by for m in report.stopped}
+        assert "cgroup" in found.get(older.pid, ()), report.summary()
+        assert "descendant" in found.get(older_child, ()), report.summary()
+        wait_for(lambda: not alive(older_child), what="the older child to end")
+        assert older.wait(5) == -signal.SIGTERM
+    finally:
+        for p in (older.pid, *([child.pid] if child else [])):
+            try:
+                os.killpg(p, signal.SIGKILL)
+            except OSError:
+                pass
+        older.wait()
+        if child is not None:
+            _wait(child)
+        leaf.wait_empty(5.0)
+        leaf.remove(hier.base)
