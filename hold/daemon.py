@@ -159,8 +159,7 @@ class Daemon:
         # Leases and trees stay on disk: a restarted daemon re-attaches them.
         # A stop in flight is finished first, not cut off half-way (bounded
         # by the longest grace it may wait, and the kill after it).
-        for worker in self.endings.stoppers:
-            worker.join(timeout=STOP_JOIN)
+        self.st.workers.join(STOP_JOIN)
         self.endings.finish()
         assert self.st.log is not None
         self.st.log.info("daemon_stopping", sessions=len(self.st.sessions))

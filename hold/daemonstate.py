@@ -23,6 +23,7 @@ from hold.records import Log, Records
 from hold.scancache import ScanCache
 from hold.statedir import StateDir
 from hold.usage import Usage
+from hold.workers import Workers
 from supervisor.cgroup import v2_mount
 from supervisor.exitcodes import USAGE
 from supervisor.identity import user_name
@@ -51,6 +52,7 @@ class DaemonState:
         self.scanned: dict[str, bool] = {}
         self.set_classes(classes, {name: c.device_keys() for name, c in classes.items()})
         self.scan_cache = ScanCache()  # what the holder scans read a moment ago
+        self.workers = Workers()  # scans before grants, stops at ends
         self.grant_busy = grant_busy  # "wait" (the default) or "warn": see hold.occupancy
         self.locks = devlock.Locks(devlock.lock_dir(), self.wake)
         self.records = Records(sd, home_tokens, self.log_for)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import queue
 import selectors
-import threading
 import time
 from typing import Any
 
@@ -151,7 +150,7 @@ class Grants:
             self.checks.put((req, cls, devices, found))
             self.st.wake(b"c")
 
-        threading.Thread(target=work, daemon=True).start()
+        self.st.workers.submit(work)
 
     def finish_checks(self) -> None:
         while True:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import queue
 import selectors
-import threading
 from typing import Any
 
 from hold import ledger, occupancy
@@ -46,7 +45,6 @@ class Endings:
         self.kill_at: dict[str, float] = {}  # session id -> monotonic deadline
         self.watch: dict[int, str] = {}  # pidfd of a detached owner -> session id
         self.done: queue.SimpleQueue[Stopped] = queue.SimpleQueue()
-        self.stoppers: list[threading.Thread] = []  # stops in flight
 
     def end(self, s: SessionRec, reason: str) -> None:
         """Stop the session's trees in a worker; the lease ends when they are stopped."""
@@ -83,11 +81,8 @@ class Endings:
             # thread's start-up would be most of the handoff's latency).
             self.done.put((s.session_id, [], {}, frozenset()))
             return
-        args = (s.session_id, trees, grace, devices, uid)
-        worker = threading.Thread(target=self._stop_worker, args=args, daemon=True)
-        self.stoppers = [t for t in self.stoppers if t.is_alive()]
-        self.stoppers.append(worker)
-        worker.start()
+        sid = s.session_id
+        self.st.workers.submit(lambda: self._stop_worker(sid, trees, grace, devices, uid))
 
     def _stop_worker(self, sid: str, trees: list[tuple[Tree, float]], grace: float,
                      devices: tuple[str, list[int], float] | None,
