@@ -58,21 +58,30 @@ class ProcCache:
         self._inos: dict[str, int] = {}  # every name read, or known not to be a pid
         self._stats: dict[str, Stat] = {}
 
-    def walk(self, since: int, top_ups: int) -> dict[int, Stat]:
+    def walk(
+        self, since: int, top_ups: int, after: dict[int, Stat] | None = None
+    ) -> dict[int, Stat]:
         """Every process now that is not proven to have started before ``since``
         (clock ticks), each read now; then what appeared meanwhile, listing again
-        until a listing shows nothing new (at most ``top_ups`` times)."""
+        until a listing shows nothing new (at most ``top_ups`` times).
+
+        ``after``: a walk's answer a moment ago, to confirm (see
+        :meth:`supervisor.tree.Tree.look`): what it read is not read again,
+        only what is new since, and the first listing is already a top-up.
+        """
         with self._lock:
             inos, stats = self._inos, self._stats
             listed = listing()
             for name in inos.keys() - listed.keys():
                 del inos[name]  # gone: its number may be anyone's next
                 stats.pop(name, None)
-            procs: dict[int, Stat] = {}
+            procs: dict[int, Stat] = dict(after or {})
             unread: list[str] = []
-            # Listed as read before: proven older than ``since`` unless it started later.
-            todo = [n for n, st in stats.items() if st.starttime >= since and n in listed]
-            for turn in range(top_ups + 1):
+            todo: list[str] = []
+            if after is None:
+                # Listed as read before: proven older than ``since`` unless it started later.
+                todo = [n for n, st in stats.items() if st.starttime >= since and n in listed]
+            for turn in range(after is not None, top_ups + 1):
                 # New names, and names whose number changed (C speed: most are neither).
                 todo += [name for name, _ in listed.items() - inos.items()]
                 if turn and not todo:

@@ -160,7 +160,7 @@ class Tree:
         :meth:`_cached_look`.
         """
         if self.cache is not None:
-            look = self._cached_look(self.cache)
+            look = self._cached_look(self.cache, after)
             if look is not None:
                 return look
         if after is None:
@@ -181,7 +181,9 @@ class Tree:
                     marked.add(pid)
         return procs, self._members(procs, marked, everywhere=True)
 
-    def _cached_look(self, cache: ProcCache) -> tuple[dict[int, Stat], dict[int, Member]] | None:
+    def _cached_look(
+        self, cache: ProcCache, after: dict[int, Stat] | None
+    ) -> tuple[dict[int, Stat], dict[int, Member]] | None:
         """A look that reads only the processes ``cache`` cannot prove older than
         the root; None where it may not answer.
 
@@ -198,7 +200,7 @@ class Tree:
             return None
         if any(i.starttime < self.since for i in self.seen):
             return None
-        procs = cache.walk(self.since, _TOP_UPS)
+        procs = cache.walk(self.since, _TOP_UPS, after)
         if self.adopts_orphans:
             for pid in procscan.children_of_self():
                 st = procs.get(pid) or procscan.stat_of(pid)

@@ -25,9 +25,9 @@ from test_stop import Started, _assert_all_gone, _grows, _marked, _wait
 
 from supervisor.cgroup import Hierarchy
 from supervisor.environ import minimal_env
-from supervisor.identity import read_stat
+from supervisor.identity import Stat, read_stat
 from supervisor.proccache import ProcCache, listing
-from supervisor.spawn import owned_pids, spawn
+from supervisor.spawn import Child, owned_pids, spawn
 from supervisor.stop import stop_tree
 from supervisor.tree import Tree
 
@@ -156,6 +156,63 @@ def test_fork_loops_are_never_reported_empty_with_the_cache(
         assert report.ok and report.stopped and report.outcome == "killed", report.summary()
         assert _marked(s.tree_id) == []
         _cache_answered(s.tree)
+
+
+class _Injecting(ProcCache):
+    """A cache that, once armed, calls ``inject`` right after its next walk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inject: Callable[[], None] | None = None
+        self.walks = 0
+
+    def walk(
+        self, since: int, top_ups: int, after: dict[int, Stat] | None = None
+    ) -> dict[int, Stat]:
+        procs = super().walk(since, top_ups, after)
+        self.walks += 1
+        inject, self.inject = self.inject, None
+        if inject is not None:
+            inject()
+        return procs
+
+
+def test_a_member_born_between_two_looks_is_found_by_the_second(
+    cgroup_mode: str, tmp_path: Path
+) -> None:
+    """The root has exited; a process carrying the tree's marker (own session,
+    outside any leaf) starts just after the first look listed /proc. That look
+    found nobody, so the second (with a leaf: the confirming one, which reads
+    only what is new) must read it: found by its marker, and stopped."""
+    tree_id = f"t-{uuid.uuid4().hex[:12]}"
+    hier = Hierarchy.find() if cgroup_mode == "cgroup" else None
+    leaf = hier.create(f"holdtest-{tree_id}") if hier is not None else None
+    env = minimal_env(os.environ, tree_id=tree_id)
+    root = spawn(["true"], env=env, cgroup=leaf)
+    assert _wait(root) == 0
+    late: list[Child] = []
+    cache = _Injecting()
+    cache.walk(0, TOP_UPS)  # everything there now is known
+    cache.walks = 0
+    cache.inject = lambda: late.append(spawn(["sleep", "60"], env=env))
+    try:
+        tree = Tree(tree_id, root.ident, root.pid, root.pid, leaf=leaf, owned=owned_pids(),
+                    cache=cache)  # fmt: skip
+        report = stop_tree(tree, grace=2.0)
+        assert len(late) == 1 and cache.walks >= 2
+        (member,) = late
+        found = {m.pid: m.found_by for m in report.stopped}
+        assert found == {member.pid: ("marker",)}, report.summary()
+        assert (_wait(member) or 0) < 0, report.summary()  # ended by a signal of the stop
+        assert report.ok, report.summary()
+    finally:
+        for c in late:
+            if c.poll() is None:
+                c.send_signal(signal.SIGKILL)
+                _wait(c)
+        root.collect()
+        if leaf is not None and hier is not None:
+            leaf.remove(hier.base)
 
 
 @pytest.mark.parametrize("cgroup_mode", ["cgroup"], indirect=True)
