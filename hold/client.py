@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -13,6 +12,7 @@ from typing import TypeVar
 from hold.errors import HoldError
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
 from hold.statedir import StateDir
+from hold.unixsock import MSG_DONTWAIT, Socket, recv_fds, send_fds, unix_stream
 from supervisor.exitcodes import USAGE
 from supervisor.safefile import UnsafePath
 
@@ -45,7 +45,7 @@ class UnsafeStateFile(UnsafePath, ConfigMismatch, DaemonUnreachable):
 class Client:
     """One connection to the daemon; its lifetime is the lifeline of any lease it holds."""
 
-    def __init__(self, sd: StateDir, sock: socket.socket) -> None:
+    def __init__(self, sd: StateDir, sock: Socket) -> None:
         self.sd = sd
         self.sock = sock
         self.buf = LineBuffer()
@@ -155,7 +155,7 @@ class Client:
     def _recv(self, flags: int) -> bytes:
         """Bytes from the daemon, keeping any descriptors it sent with them (lock fds)."""
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 8, flags)
+            data, fds = recv_fds(self.sock, 65536, 8, flags)
         except (ConnectionResetError, BrokenPipeError):
             return b""
         self.lock_fds.extend(fds)
@@ -165,7 +165,7 @@ class Client:
         """Messages that have arrived (without blocking); None once the daemon is gone."""
         data: bytes | None
         try:
-            data = self._recv(socket.MSG_DONTWAIT)
+            data = self._recv(MSG_DONTWAIT)
         except BlockingIOError:
             data = None
         except OSError:
@@ -235,7 +235,7 @@ class Client:
             # holds them again with us (checked there, not believed).
             msg = encode({"op": "attach", "session": session})
             if self.lock_fds:
-                socket.send_fds(self.sock, [msg], self.lock_fds)
+                send_fds(self.sock, msg, self.lock_fds)
             else:
                 self.sock.sendall(msg)
             ans = self.recv(time.monotonic() + 10.0)
@@ -298,8 +298,8 @@ def _wait_gone(pid: int, timeout: float) -> None:
         os.close(fd)
 
 
-def _try_connect(path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def _try_connect(path: str) -> Socket | None:
+    sock = unix_stream()
     try:
         sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):

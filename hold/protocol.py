@@ -14,7 +14,6 @@ surrogate, no duplicate key and no ``NaN``; anything else is a
 from __future__ import annotations
 
 import math
-import socket
 from typing import Any, TypeVar
 
 from hold.errors import HoldError
@@ -48,10 +47,6 @@ class LineBuffer:
             return self._lines.feed(data)
         except jsonlines.BadJSON as e:
             raise ProtocolError(str(e)) from None
-
-
-def send(sock: socket.socket, msg: Message) -> None:
-    sock.sendall(encode(msg))
 
 
 # ---------------------------------------------------------------------------

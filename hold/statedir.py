@@ -74,9 +74,9 @@ SYSTEM_DIR = "/run/hold"
 
 def system_serves() -> bool:
     """Does the machine's system daemon answer on its well-known socket?"""
-    import socket  # here: 4 ms, and most commands never ask
+    from hold.unixsock import unix_stream
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = unix_stream()
     try:
         sock.connect(os.path.join(SYSTEM_DIR, "daemon.sock"))
     except OSError:
