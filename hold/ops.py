@@ -24,7 +24,7 @@ from hold.sessions import HOLDER_ENDED, Endings
 from hold.status import status
 from supervisor import procscan
 from supervisor.exitcodes import TOOL
-from supervisor.identity import read_stat, user_name
+from supervisor.identity import ProcessId, read_stat, user_name
 from supervisor.tree import signalable_by
 
 _TREE_ID = re.compile(r"[0-9a-f]{8,32}")
@@ -287,6 +287,8 @@ class Ops:
             return  # already gone: marker and leaf still find what it left
         chain = {a.pid for a in procscan.ancestors(pid)}
         if conn.peer.pid not in chain or not signalable_by(pid, conn.uid):
+            if not ProcessId(pid, st.starttime).matches():
+                return  # reaped while we looked (a command that exits at once): no claim left
             self.st.log_for("tree_root_refused", s, tree=tree.tree_id, claimed_pid=pid,
                             peer_pid=conn.peer.pid, peer_uid=conn.uid)  # fmt: skip
             return
