@@ -134,6 +134,21 @@ def stop_crowd(proc: subprocess.Popen[bytes] | None) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+    # Gone before the next run counts processes: the sleeps were re-parented to
+    # us where we became a subreaper (walk mode; reaped here, by their group),
+    # else to init.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            while os.waitpid(-proc.pid, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
 
 
 def run(a: argparse.Namespace) -> int:

@@ -51,12 +51,12 @@ def listing() -> dict[str, int]:
 class ProcCache:
     """What was read of each process before: by pid (as /proc names it), the
     inode number of its /proc directory at the listing before that read, and
-    its stat. Shared by threads."""
+    its start time. Shared by threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inos: dict[str, int] = {}  # every name read, or known not to be a pid
-        self._stats: dict[str, Stat] = {}
+        self._starts: dict[str, int] = {}  # the processes among them
 
     def walk(
         self, since: int, top_ups: int, after: dict[int, Stat] | None = None
@@ -70,17 +70,17 @@ class ProcCache:
         only what is new since, and the first listing is already a top-up.
         """
         with self._lock:
-            inos, stats = self._inos, self._stats
+            inos, starts = self._inos, self._starts
             listed = listing()
             for name in inos.keys() - listed.keys():
                 del inos[name]  # gone: its number may be anyone's next
-                stats.pop(name, None)
+                starts.pop(name, None)
             procs: dict[int, Stat] = dict(after or {})
             unread: list[str] = []
             todo: list[str] = []
             if after is None:
                 # Listed as read before: proven older than ``since`` unless it started later.
-                todo = [n for n, st in stats.items() if st.starttime >= since and n in listed]
+                todo = [n for n, t in starts.items() if t >= since and n in listed]
             for turn in range(after is not None, top_ups + 1):
                 # New names, and names whose number changed (C speed: most are neither).
                 todo += [name for name, _ in listed.items() - inos.items()]
@@ -90,18 +90,18 @@ class ProcCache:
                     inos[name] = listed[name]
                     st = stat_of(int(name)) if name.isdigit() else None
                     if st is None:  # not a pid, gone, or not ours to read
-                        stats.pop(name, None)
+                        starts.pop(name, None)
                         unread.append(name)
                         continue
-                    stats[name] = st
+                    starts[name] = st.starttime
                     procs[st.pid] = st
                 todo = []
                 if turn < top_ups:
                     listed = listing()
             for name in unread:
-                if name.isdigit() and name not in stats:
+                if name.isdigit() and name not in starts:
                     inos.pop(name, None)  # tried again by the next walk
             return procs
 
     def __len__(self) -> int:
-        return len(self._stats)
+        return len(self._starts)
