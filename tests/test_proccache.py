@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import alive, wait_for
 from test_stop import Started, _assert_all_gone, _grows, _marked, _wait
+from test_stop import start as start  # the fixture: test_stop's trees, to be cached here
 
 from supervisor.cgroup import Hierarchy
 from supervisor.environ import minimal_env
@@ -100,22 +101,11 @@ def test_what_started_at_or_after_since_is_read_on_every_walk() -> None:
 
 
 @pytest.fixture
-def start_cached(cgroup_mode: str, tmp_path: Path) -> Iterator[Callable[..., Started]]:
-    made: list[Started] = []
-    cache = ProcCache()
-    cache.walk(0, TOP_UPS)  # everything there now is known before the tree starts
-
-    def _start(prog: str, *args: str) -> Started:
-        s = Started(tmp_path, cgroup_mode, prog, list(args))
-        s.tree.cache = cache
-        made.append(s)
-        return s
-
-    try:
-        yield _start
-    finally:
-        for s in made:
-            s.cleanup()
+def cache() -> ProcCache:
+    """A cache that knows everything there before the test's tree starts."""
+    c = ProcCache()
+    c.walk(0, TOP_UPS)
+    return c
 
 
 def _cache_answered(tree: Tree) -> None:
@@ -124,9 +114,10 @@ def _cache_answered(tree: Tree) -> None:
 
 
 def test_nasty_tree_is_stopped_completely_with_the_cache(
-    start_cached: Callable[..., Started], cgroup_mode: str
+    start: Callable[..., Started], cache: ProcCache, cgroup_mode: str
 ) -> None:
-    s = start_cached("nasty_tree.py", "--forkers", "3", "--sleepers", "4")
+    s = start("nasty_tree.py", "--forkers", "3", "--sleepers", "4")
+    s.tree.cache = cache
     ids = s.wait_ready({"main": 1, "child": 1, "forker": 3, "escapee": 1, "sleeper": 4})
     port = s.port
     report = s.stop(grace=0.3)
@@ -141,13 +132,14 @@ def test_nasty_tree_is_stopped_completely_with_the_cache(
 
 @pytest.mark.parametrize("cgroup_mode", ["walk"], indirect=True)
 def test_fork_loops_are_never_reported_empty_with_the_cache(
-    start_cached: Callable[..., Started], cgroup_mode: str
+    start: Callable[..., Started], cache: ProcCache, cgroup_mode: str
 ) -> None:
     """As test_stop's: each process of the loop lives about a millisecond, the
     root is gone before the stop; a look that skipped what it should read
     would report the tree empty while the loop runs on."""
     for opts in ([], ["--setsid"], ["--loops", "3", "--setsid"]):
-        s = start_cached("forkloop_tree.py", *opts)
+        s = start("forkloop_tree.py", *opts)
+        s.tree.cache = cache
         s.wait_ready({"main": 1, "loop": 1}, port=False)
         assert _wait(s.child) == 0
         assert _grows(s.device), "the fork loop does not run"
