@@ -21,7 +21,8 @@ interleaved rounds (so that noise on a shared machine spreads over all of them):
   (bursts: the stub may still be being replaced, and the call then spawns
   cold, sharing the grace period with that move);
 * **API, walk**: the same without cgroups (the call's tree is found by
-  walking ``/proc``: the stop and its survivor check read every process);
+  walking ``/proc``: each of the stop's looks lists /proc twice and reads what
+  is not proven older than the call, :mod:`supervisor.proccache`);
 * **hold call**: the console script against a running ``hold up`` of the
   same unit (its default, cgroup auto), every ``--cli-every``-th round; with
   ``python3 -c pass`` beside it, the interpreter start any Python CLI pays.
