@@ -53,6 +53,7 @@ def acquire_lease(
     env: dict[str, str],
     private: bool = False,
     live: WaitLine | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> Granted | int:
     """Ask for a lease and wait in line (saying who holds the device after 1 s:
     on ``live``, a line redrawn in place, where given; else a line per change).
@@ -61,7 +62,10 @@ def acquire_lease(
     (``HOLD_LEASE``, ``HOLD_DEVICES``, the class's visible-devices
     variables), or an exit status: 75 (busy, or not granted within
     ``wait_timeout``), 125 (daemon gone), or the daemon's refusal code.
-    Shared by ``hold run``/``npu-hold`` and ``hold up``.
+    Shared by ``hold run``/``npu-hold`` and ``hold up``. ``meanwhile`` is
+    called once the request is sent, before the first wait for an answer:
+    work the caller needs only once granted, done while the daemon checks the
+    device (or while in line) instead of after the grant.
     """
     from hold.gpuids import usable_indices
 
@@ -74,7 +78,7 @@ def acquire_lease(
         "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
         "private": private, "allowed": allowed,
     }  # fmt: skip
-    line = _Line(client, say, cls, ask, wait_timeout, live)
+    line = _Line(client, say, cls, ask, wait_timeout, live, meanwhile)
     try:
         return line.wait(sd, klass, env)
     finally:
@@ -108,8 +112,10 @@ class _Line:
         ask: Message,
         wait_timeout: float | None,
         live: WaitLine | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> None:
         self.client = client
+        self.meanwhile = meanwhile
         self._say = say
         self.live = live
         self.cls = cls
@@ -145,6 +151,8 @@ class _Line:
         except OSError:  # the daemon went away since the session was opened
             if not self._ask_a_new_daemon():
                 return TOOL
+        if self.meanwhile is not None:
+            self.meanwhile()
         self.start = time.monotonic()
         self.deadline = None if self.wait_timeout is None else self.start + self.wait_timeout
         while True:

@@ -1,7 +1,5 @@
-"""``hold run`` / ``npu-hold`` / ``gpu-hold``: parse strictly, then run to the end.
-
-The options (hand-written, not click: this is the hot path) are read in
-:mod:`hold.runargs`.
+"""``hold run`` / ``npu-hold`` / ``gpu-hold``: parse strictly (:mod:`hold.runargs`,
+hand-written, not click: this is the hot path), then run to the end.
 
 The flow: connect to the daemon (starting one if none answers); with a
 device, ask for a lease and wait in line; register the command's tree (its
@@ -236,6 +234,7 @@ class Run:
 
     def _execute(self, env: dict[str, str], tree_id: str, hierarchy: Hierarchy | None) -> int:
         from supervisor.foreground import Foreground, is_foreground_tty
+        from supervisor.intoleaf import preload
 
         args = self.args
         # The daemon first: if we have to start it, it must not be our child
@@ -256,7 +255,8 @@ class Run:
                 # Wait in line first, with the tree known by its marker only:
                 # the leaf is made once the lease is granted (a leaf made before
                 # a long wait can be removed by someone else in the meantime).
-                code = self._acquire(self.client, tree, env)
+                # ctypes for the clone into the leaf, loaded while the daemon checks.
+                code = self._acquire(self.client, tree, env, preload if hierarchy else None)
                 if code is not None:
                     return code
                 fg.env = env
@@ -370,8 +370,9 @@ class Run:
     # ------------------------------------------------------------------ lease
 
     def _acquire(
-        self, client: Client, tree: Mapping[str, object], env: dict[str, str]
-    ) -> int | None:
+        self, client: Client, tree: Mapping[str, object], env: dict[str, str],
+        meanwhile: Callable[[], None] | None,
+    ) -> int | None:  # fmt: skip
         """Wait in line for the lease; None once granted (env filled in), else an exit status."""
         from hold.waitline import WaitLine
 
@@ -383,7 +384,7 @@ class Run:
             label=args.label or os.path.basename(args.command[0]),
             ttl=args.time or DEFAULT_TTL, grace=args.grace, wait=not args.no_wait,
             wait_timeout=args.wait_timeout, tree=tree, env=env, private=args.private,
-            live=WaitLine.at_terminal(sys.stderr, self.prog),
+            live=WaitLine.at_terminal(sys.stderr, self.prog), meanwhile=meanwhile,
         )  # fmt: skip
         if isinstance(got, int):
             return got
