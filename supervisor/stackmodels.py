@@ -9,40 +9,42 @@ which is all the supervisor keeps: these models never leave the loading.
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, PrivateAttr, model_validator
 
 from supervisor import stackspec
+from supervisor import stackvalues as sv
 from supervisor.stackspec import LIVENESS_KINDS, READY_KINDS
-from supervisor.stackvalues import (
-    Arg,
-    ArgName,
-    ArgType,
-    Choices,
-    Count,
-    Cpus,
-    Duration,
-    EnvName,
-    ExecArgv,
-    Flag,
-    Grace,
-    HttpPath,
-    Kind,
-    NotifyFlag,
-    Number,
-    PathText,
-    Policy,
-    Port,
-    Positive,
-    Regex,
-    Signal,
-    Size,
-    StackName,
-    TcpPort,
-    Text,
-)
+
+# What each key takes: the readers of stackvalues, as pydantic types.
+Duration = Annotated[float, PlainValidator(sv.duration)]
+Grace = Annotated[float, PlainValidator(sv.grace)]
+Cpus = Annotated[frozenset[int], PlainValidator(sv.cpus)]
+Arg = Annotated[str, PlainValidator(sv.arg)]
+EnvName = Annotated[str, PlainValidator(sv.env_name)]
+Size = Annotated[int, PlainValidator(sv.size)]
+PathText = Annotated[str, PlainValidator(sv.path_text)]
+Text = Annotated[str, PlainValidator(sv.text)]
+Flag = Annotated[bool, PlainValidator(sv.flag)]
+Port = Annotated[int | str, PlainValidator(sv.port)]
+Signal = Annotated[int, PlainValidator(sv.stop_signal)]
+Regex = Annotated[re.Pattern[str], PlainValidator(sv.regex)]
+Policy = Annotated[str, PlainValidator(sv.policy)]
+Count = Annotated[int, PlainValidator(sv.count)]
+Positive = Annotated[int, PlainValidator(sv.positive)]
+Kind = Annotated[str, PlainValidator(sv.kind)]
+StackName = Annotated[str, PlainValidator(sv.stack_name)]
+HttpPath = Annotated[str, PlainValidator(sv.http_path)]
+TcpPort = Annotated[str, PlainValidator(sv.tcp_port)]
+ExecArgv = Annotated[tuple[str, ...], PlainValidator(sv.exec_argv)]
+ArgName = Annotated[str, PlainValidator(sv.arg_name)]
+ArgType = Annotated[str, PlainValidator(sv.arg_type)]
+Number = Annotated[int | float, PlainValidator(sv.number)]
+Choices = Annotated[tuple[Any, ...], PlainValidator(sv.choices)]
+NotifyFlag = Annotated[bool, PlainValidator(sv.notify_flag)]
 
 
 class _Strict(BaseModel):
@@ -122,23 +124,7 @@ class ArgModel(_Strict):
 
     @model_validator(mode="after")
     def _fits_type(self) -> ArgModel:
-        t = self.type
-        if t not in ("int", "float") and (self.min is not None or self.max is not None):
-            raise ValueError(f"min and max are for int and float arguments, not {t}")
-        if t == "int":
-            for key in ("min", "max"):
-                bound = getattr(self, key)
-                if bound is not None and not isinstance(bound, int):
-                    raise ValueError(f"{key} {bound!r} is not valid: a whole number for an int")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min {self.min!r} is more than max {self.max!r}")
-        if self.max_len is not None and t != "str":
-            raise ValueError(f"max_len is for str arguments, not {t}")
-        if self.choices is not None:
-            unbounded = stackspec.ArgSpec(t, self.min, self.max, self.max_len, None)
-            for c in self.choices:
-                if unbounded.problem(c) is not None:
-                    raise ValueError(f"choice {c!r} is not valid: {unbounded.accepted()}")
+        sv.arg_fits(self.type, self.min, self.max, self.max_len, self.choices)
         return self
 
 

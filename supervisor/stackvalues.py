@@ -1,18 +1,17 @@
 """The values a stack file holds, each read strictly.
 
-Each validator takes what YAML produced and returns the value, or raises
-``ValueError`` with "<value> is not valid: <what is accepted>"; the key path
-and the line are added by :mod:`supervisor.stackfile` from pydantic's error
-location. The ``Annotated`` types below are what the models declare.
+Each reader takes what YAML produced and returns the value, or raises
+``ValueError`` with "<value> is not valid: <what is accepted>". No pydantic
+here: the same readers serve the quick path (:mod:`supervisor.stackplain`) and
+the models (:mod:`supervisor.stackmodels`, which declare them as
+``PlainValidator`` types and add the key path and the line to a refusal).
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from typing import Annotated, Any, Literal
-
-from pydantic import PlainValidator
+from typing import Any, Literal
 
 from supervisor.environ import check_name
 from supervisor.parse import BadValue, parse_cpus, parse_duration
@@ -50,37 +49,37 @@ def _bad(value: object, accepted: str) -> ValueError:
     return ValueError(f"{value!r} is not valid: {accepted}")
 
 
-def _duration(allow_zero: bool) -> Any:
-    def parse(v: object) -> float:
-        accepted = "a duration with its unit: 250ms, 10s, 4m, 2h" + (
-            "" if allow_zero else " (more than zero)"
-        )
-        # A plain number is refused: `-t 5` is minutes and `--grace 5` is
-        # seconds on the command line, and a file should not make anyone guess.
-        if not isinstance(v, str) or not re.fullmatch(r"\s*[0-9.]+\s*(ms|s|m|h|d)\s*", v):
-            raise _bad(v, accepted)
-        try:
-            return parse_duration(v, plain_unit="seconds", allow_zero=allow_zero)
-        except BadValue as e:
-            raise _bad(v, e.accepted) from None
-
-    return PlainValidator(parse)
+def _duration(v: object, allow_zero: bool) -> float:
+    accepted = "a duration with its unit: 250ms, 10s, 4m, 2h" + (
+        "" if allow_zero else " (more than zero)"
+    )
+    # A plain number is refused: `-t 5` is minutes and `--grace 5` is
+    # seconds on the command line, and a file should not make anyone guess.
+    if not isinstance(v, str) or not re.fullmatch(r"\s*[0-9.]+\s*(ms|s|m|h|d)\s*", v):
+        raise _bad(v, accepted)
+    try:
+        return parse_duration(v, plain_unit="seconds", allow_zero=allow_zero)
+    except BadValue as e:
+        raise _bad(v, e.accepted) from None
 
 
-Duration = Annotated[float, _duration(False)]
-Grace = Annotated[float, _duration(True)]
+def duration(v: object) -> float:
+    """A duration with its unit, more than zero (``timeout``, ``ttl``, ``period``...)."""
+    return _duration(v, False)
 
 
-def _cpus(v: object) -> frozenset[int]:
+def grace(v: object) -> float:
+    """A duration with its unit, zero allowed (``grace``, ``backoff``)."""
+    return _duration(v, True)
+
+
+def cpus(v: object) -> frozenset[int]:
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         raise _bad(v, "a CPU list like 0-3,8")
     try:
         return parse_cpus(str(v))
     except BadValue as e:
         raise _bad(v, e.accepted) from None
-
-
-Cpus = Annotated[frozenset[int], PlainValidator(_cpus)]
 
 
 class YamlWord:
@@ -105,7 +104,7 @@ class YamlWord:
         )
 
 
-def _arg(v: object) -> str:
+def arg(v: object) -> str:
     # Numbers are taken as written (`--port, 8080`); a YAML boolean or null is
     # refused, since `yes`/`no`/`on`/`off` would silently become True/False.
     if isinstance(v, YamlWord):
@@ -118,16 +117,13 @@ def _arg(v: object) -> str:
     return s
 
 
-Arg = Annotated[str, PlainValidator(_arg)]
-
-
-def _argv(v: object) -> tuple[str, ...]:
+def argv(v: object) -> tuple[str, ...]:
     if not isinstance(v, list) or not v:
         raise _bad(v, "a non-empty list: [program, arg, ...]")
     out: list[str] = []
     for i, item in enumerate(v):
         try:
-            out.append(_arg(item))
+            out.append(arg(item))
         except ValueError as e:
             raise ValueError(f"item {i}: {e}") from None
     if not out[0]:
@@ -135,13 +131,13 @@ def _argv(v: object) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _exec_argv(v: object) -> tuple[str, ...]:
+def exec_argv(v: object) -> tuple[str, ...]:
     if isinstance(v, str) and v.strip():
         return ("/bin/sh", "-c", v)
-    return _argv(v)
+    return argv(v)
 
 
-def _env_name(v: object) -> str:
+def env_name(v: object) -> str:
     if not isinstance(v, str):
         raise _bad(v, "a variable name")
     try:
@@ -150,10 +146,7 @@ def _env_name(v: object) -> str:
         raise _bad(v, e.accepted) from None
 
 
-EnvName = Annotated[str, PlainValidator(_env_name)]
-
-
-def _port(v: object) -> int | Literal["auto"]:
+def port(v: object) -> int | Literal["auto"]:
     if v == "auto":
         return "auto"
     if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535:
@@ -161,7 +154,7 @@ def _port(v: object) -> int | Literal["auto"]:
     raise _bad(v, "auto (the kernel picks a free port) or a port number 1-65535")
 
 
-def _signal(v: object) -> int:
+def stop_signal(v: object) -> int:
     accepted = "a signal name or number such as TERM, INT, HUP, QUIT, USR1 (not KILL or STOP)"
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         raise _bad(v, accepted)
@@ -177,7 +170,7 @@ def _signal(v: object) -> int:
     raise _bad(v, accepted)
 
 
-def _regex(v: object) -> re.Pattern[str]:
+def regex(v: object) -> re.Pattern[str]:
     if not isinstance(v, str) or not v:
         raise _bad(v, "a regular expression (Python syntax), matched against each output line")
     try:
@@ -186,7 +179,7 @@ def _regex(v: object) -> re.Pattern[str]:
         raise _bad(v, f"a regular expression (Python syntax): {e}") from None
 
 
-def _policy(v: object) -> str:
+def policy(v: object) -> str:
     # YAML 1.1 reads an unquoted `no` as false.
     if v is False:
         return "no"
@@ -196,20 +189,20 @@ def _policy(v: object) -> str:
     return v
 
 
-def _count(v: object) -> int:
+def count(v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise _bad(v, "a whole number, 0 or more")
     return v
 
 
-def _kind(v: object) -> str:
+def kind(v: object) -> str:
     if v not in UNIT_KINDS:
         raise _bad(v, "one of " + ", ".join(UNIT_KINDS))
     assert isinstance(v, str)
     return v
 
 
-def _text(v: object) -> str:
+def text(v: object) -> str:
     if not isinstance(v, str) or not v:
         raise _bad(v, "a non-empty string")
     if "\0" in v:
@@ -217,7 +210,7 @@ def _text(v: object) -> str:
     return v
 
 
-def _stack_name(v: object) -> str:
+def stack_name(v: object) -> str:
     if not isinstance(v, str) or not STACK_NAME.fullmatch(v):
         raise _bad(
             v,
@@ -227,13 +220,13 @@ def _stack_name(v: object) -> str:
     return v
 
 
-def _http_path(v: object) -> str:
+def http_path(v: object) -> str:
     if not isinstance(v, str) or not v.startswith("/"):
         raise _bad(v, "a path such as /health (probed as http://127.0.0.1:{port}PATH)")
     return v
 
 
-def _tcp(v: object) -> str:
+def tcp_port(v: object) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
         if 1 <= v <= 65535:
             return str(v)
@@ -242,13 +235,13 @@ def _tcp(v: object) -> str:
     raise _bad(v, '"{port}" (the unit\'s own port) or a port number 1-65535')
 
 
-def _positive(v: object) -> int:
+def positive(v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise _bad(v, "a whole number, 1 or more")
     return v
 
 
-def _arg_name(v: object) -> str:
+def arg_name(v: object) -> str:
     if not isinstance(v, str) or not _ARG_NAME.fullmatch(v):
         raise _bad(
             v,
@@ -258,14 +251,14 @@ def _arg_name(v: object) -> str:
     return v
 
 
-def _arg_type(v: object) -> str:
+def arg_type(v: object) -> str:
     if v not in ARG_TYPES:
         raise _bad(v, "one of " + ", ".join(ARG_TYPES))
     assert isinstance(v, str)
     return v
 
 
-def _number(v: object) -> int | float:
+def number(v: object) -> int | float:
     if (
         isinstance(v, bool)
         or not isinstance(v, (int, float))
@@ -280,28 +273,19 @@ def _number(v: object) -> int | float:
     return v
 
 
-def _flag(v: object) -> bool:
+def flag(v: object) -> bool:
     if not isinstance(v, bool):
         raise _bad(v, "true or false")
     return v
 
 
-def _choices(v: object) -> tuple[Any, ...]:
+def choices(v: object) -> tuple[Any, ...]:
     if not isinstance(v, list) or not v:
         raise _bad(v, "a non-empty list of the values accepted")
     return tuple(v)
 
 
-def _condition(v: object) -> str:
-    if isinstance(v, str) and v in CONDITIONS:
-        return v
-    hint = ""
-    if isinstance(v, str) and v in CONDITION_SYNONYMS:
-        hint = f" ({v} is {CONDITION_SYNONYMS[v]} here)"
-    raise _bad(v, "one of " + ", ".join(CONDITIONS) + hint)
-
-
-def _size(v: object) -> int:
+def size(v: object) -> int:
     """Bytes in ``500M``, ``2G``, ``1.5GiB``, ``4096`` (binary units: K is 1024)."""
     accepted = "a size such as 500M, 2G or 1.5GiB (K, M, G, T are powers of 1024)"
     m = _SIZE.fullmatch(v) if isinstance(v, str) else None
@@ -313,39 +297,41 @@ def _size(v: object) -> int:
     return int(float(m.group(1)) * _SIZE_FACTOR[unit])
 
 
-def _path_text(v: object) -> str:
-    text = _text(v)
-    if "\n" in text:
+def path_text(v: object) -> str:
+    value = text(v)
+    if "\n" in value:
         raise _bad(v, "a path on one line")
-    return text
+    return value
 
 
-Condition = Annotated[str, PlainValidator(_condition)]
-Size = Annotated[int, PlainValidator(_size)]
-PathText = Annotated[str, PlainValidator(_path_text)]
-Text = Annotated[str, PlainValidator(_text)]
-Flag = Annotated[bool, PlainValidator(_flag)]
-Port = Annotated[int | str, PlainValidator(_port)]
-Signal = Annotated[int, PlainValidator(_signal)]
-Regex = Annotated[re.Pattern[str], PlainValidator(_regex)]
-Policy = Annotated[str, PlainValidator(_policy)]
-Count = Annotated[int, PlainValidator(_count)]
-Positive = Annotated[int, PlainValidator(_positive)]
-Kind = Annotated[str, PlainValidator(_kind)]
-StackName = Annotated[str, PlainValidator(_stack_name)]
-HttpPath = Annotated[str, PlainValidator(_http_path)]
-TcpPort = Annotated[str, PlainValidator(_tcp)]
-ExecArgv = Annotated[tuple[str, ...], PlainValidator(_exec_argv)]
-ArgName = Annotated[str, PlainValidator(_arg_name)]
-ArgType = Annotated[str, PlainValidator(_arg_type)]
-Number = Annotated[int | float, PlainValidator(_number)]
-Choices = Annotated[tuple[Any, ...], PlainValidator(_choices)]
-
-
-def _true(v: object) -> bool:
+def notify_flag(v: object) -> bool:
     if v is not True:
         raise _bad(v, "true (the unit is ready when it sends READY=1 to $NOTIFY_SOCKET)")
     return True
 
 
-NotifyFlag = Annotated[bool, PlainValidator(_true)]
+def arg_fits(
+    t: str,
+    low: int | float | None,
+    high: int | float | None,
+    max_len: int | None,
+    allowed: tuple[Any, ...] | None,
+) -> None:
+    """A task argument's bounds fit its type ``t`` (``ValueError`` if not)."""
+    from supervisor.stackspec import ArgSpec
+
+    if t not in ("int", "float") and (low is not None or high is not None):
+        raise ValueError(f"min and max are for int and float arguments, not {t}")
+    if t == "int":
+        for key, bound in (("min", low), ("max", high)):
+            if bound is not None and not isinstance(bound, int):
+                raise ValueError(f"{key} {bound!r} is not valid: a whole number for an int")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"min {low!r} is more than max {high!r}")
+    if max_len is not None and t != "str":
+        raise ValueError(f"max_len is for str arguments, not {t}")
+    if allowed is not None:
+        unbounded = ArgSpec(t, low, high, max_len, None)
+        for c in allowed:
+            if unbounded.problem(c) is not None:
+                raise ValueError(f"choice {c!r} is not valid: {unbounded.accepted()}")
