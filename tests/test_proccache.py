@@ -195,7 +195,7 @@ def test_a_member_born_between_two_looks_is_found_by_the_second(
         (member,) = late
         found = {m.pid: m.found_by for m in report.stopped}
         assert found == {member.pid: ("marker",)}, report.summary()
-        assert (_wait(member) or 0) < 0, report.summary()  # ended by a signal of the stop
+        assert _wait(member) == -signal.SIGTERM, report.summary()  # the polite signal
         assert report.ok, report.summary()
     finally:
         for c in late:
