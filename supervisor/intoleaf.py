@@ -131,8 +131,16 @@ def _fork_into(
     return int(pid)
 
 
-def _exec_outcome(pid: int, err_r: int) -> int:
-    """Wait until the child has exec'd (the pipe closes unread) or failed (it says why)."""
+def _exec_outcome(pid: int, err_r: int) -> int | None:
+    """Wait until the child has exec'd or failed; its pid, or None if it never ran.
+
+    The child writes ``r`` first thing, then nothing if its ``exec`` works
+    (the pipe closes with it) or why it failed. No ``r`` means it was killed
+    before it ran: this kernel (6.18) SIGKILLs a child cloned into a cgroup
+    that was ever emptied by ``cgroup.kill`` (the kill sequence it compares
+    is the parent's cgroup's) -- a stopped unit's leaf used again. Then the
+    caller uses the stub, which joins the leaf by a write instead.
+    """
     try:
         msg = b""
         while True:
@@ -142,10 +150,12 @@ def _exec_outcome(pid: int, err_r: int) -> int:
             msg += chunk
     finally:
         os.close(err_r)
-    if not msg:
+    if msg == b"r":
         return pid
-    os.waitpid(pid, 0)  # it exited 127 right after writing; never left a zombie
-    stage, _, code = msg.decode().partition(":")
+    os.waitpid(pid, 0)  # it exited (or was killed) without running the program: reaped
+    if not msg:
+        return None
+    stage, _, code = msg[1:].decode().partition(":")
     err = int(code or 0)
     if stage == "chdir":
         raise ChdirFailed(err, os.strerror(err))
@@ -165,6 +175,7 @@ def _child(
     """In the new process: set up as ``posix_spawn`` would, then exec; never returns."""
     stage = "setup"
     try:
+        os.write(err_w, b"r")  # it runs: see _exec_outcome
         for sig in resets:
             signal.signal(sig, signal.SIG_DFL)
         if new_session:
