@@ -21,6 +21,11 @@ OUTSIDE = {
     "hold.interrupt.Interrupted",
     "hold.callcmd._Interrupted",
     "supervisor.states.BadTransition",
+    # Internal signals that never leave their caller: spawn turns a failed
+    # chdir into a SpawnError; a stack file the plain reader doubts is read
+    # again by the models, which word the refusal.
+    "supervisor.intoleaf.ChdirFailed",
+    "supervisor.stackplain.GiveUp",
 }
 
 
