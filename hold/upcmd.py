@@ -103,7 +103,14 @@ def main_up(
         say(str(e))
         return USAGE
     if starter is not None:
-        return starter.hand_over(spec, settings, seconds)
+        code = starter.hand_over(spec, settings, seconds)
+        if code == 0:
+            # The command ends now, the stack up: freezing what it made skips the
+            # interpreter's last collection over it (~5 ms of the return, issue 13).
+            import gc
+
+            gc.freeze()
+        return code
     return run_up(spec, sd, settings, seconds, status_fd)
 
 

@@ -14,7 +14,6 @@ its connection closed.
 from __future__ import annotations
 
 import os
-import re
 import select
 import socket
 import struct
@@ -24,19 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line
-from supervisor.parse import BadValue
-
-# A stack's name is a directory under the state directory: no '/', no '..'.
-STACK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
-
-
-def check_stack_name(name: str, *, where: str = "") -> str:
-    """``name`` if it may name a stack, else :class:`BadValue`."""
-    if not isinstance(name, str) or not STACK_NAME.fullmatch(name):
-        raise BadValue("stack name", name, "letters, digits, '_', '.' and '-' (at most 64), "
-                       "starting with a letter or digit", where)  # fmt: skip
-    return name
-
+from supervisor.stackname import STACK_NAME as STACK_NAME  # the name's rule, for its callers
+from supervisor.stackname import check_stack_name as check_stack_name
 
 Message = dict[str, Any]
 # A request: room for a call's arguments (at most 64 KiB as JSON, checked by the

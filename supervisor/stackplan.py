@@ -23,7 +23,6 @@ from supervisor.environ import minimal_env
 from supervisor.exitcodes import TOOL, USAGE
 from supervisor.notify import NotifyProbe, NotifySocket
 from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_update, write_atomic
-from supervisor.scratch import Scratch, ScratchError, default_root, sweep
 from supervisor.spawn import Child, SpawnError, resolve, spawn
 from supervisor.stackspec import ReadySpec, fill, filled_env
 from supervisor.stackstate import StackError, StackState
@@ -115,18 +114,28 @@ def assign(st: StackState) -> None:
         except SpawnError as e:
             errors.append(f"{st.where(u.name, 'cmd')}: {e}")
             code = e.exit_code
-        except ScratchError as e:
+        except _NoScratch as e:
             errors.append(f"{st.where(u.name, 'scratch')}: {e}")
     if errors:
         raise StackError(errors, code)
 
 
+class _NoScratch(Exception):
+    """A unit's scratch could not be made (the reason is the message)."""
+
+
 def _assign_unit(st: StackState, u: Unit | TaskUnit) -> None:
     spec = u.spec
     if spec.scratch is not None and isinstance(u, Unit):
+        # Only for a unit that has one: secrets and hashlib are ~4 ms of a start.
+        from supervisor.scratch import Scratch, ScratchError, default_root, sweep
+
         root = st.scratch_root or default_root()
-        sweep(root)  # what killed runs left
-        u.scratch = Scratch(root, keep=spec.scratch.keep, min_free=spec.scratch.min_free)
+        try:
+            sweep(root)  # what killed runs left
+            u.scratch = Scratch(root, keep=spec.scratch.keep, min_free=spec.scratch.min_free)
+        except ScratchError as e:
+            raise _NoScratch(str(e)) from None
     f = functools.partial(
         fill,
         unit=u.name,

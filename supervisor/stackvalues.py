@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from supervisor.environ import check_name
 from supervisor.parse import BadValue, parse_cpus, parse_duration
-from supervisor.stackctl import STACK_NAME
+from supervisor.stackname import STACK_NAME
 
 UNIT_KINDS = ("service", "oneshot", "task")
 ARG_TYPES = ("int", "float", "str", "bool")

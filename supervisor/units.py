@@ -16,7 +16,6 @@ from supervisor.cgroup import Leaf
 from supervisor.liveness import Liveness
 from supervisor.notify import NotifySocket
 from supervisor.parse import format_cpus
-from supervisor.scratch import Scratch
 from supervisor.sigwake import drain as drain  # the wakeup pipes of jobs and units
 from supervisor.spawn import Child
 from supervisor.stackspec import UnitSpec
@@ -24,8 +23,9 @@ from supervisor.states import UnitState
 from supervisor.tree import Tree
 from supervisor.unitlog import RotatingLog
 
-if TYPE_CHECKING:  # imported by open_tasks, and only for a stack that has task units
-    from supervisor.task import TaskRunner
+if TYPE_CHECKING:
+    from supervisor.scratch import Scratch  # imported only for a unit that has one
+    from supervisor.task import TaskRunner  # imported by open_tasks, for task units only
 
 TAIL = 20  # output lines kept per unit for messages
 
