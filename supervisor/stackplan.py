@@ -27,7 +27,8 @@ from supervisor.spawn import Child, SpawnError, resolve, spawn
 from supervisor.stackspec import ReadySpec, fill, filled_env
 from supervisor.stackstate import StackError, StackState
 from supervisor.unitlog import RotatingLog
-from supervisor.unitoutput import open_outputs as open_outputs  # stackrun's
+from supervisor.unitoutput import open_pipes as open_pipes  # stackrun's
+from supervisor.unitoutput import start_readers as start_readers
 from supervisor.units import TaskUnit, Unit
 
 if TYPE_CHECKING:

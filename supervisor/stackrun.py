@@ -1,7 +1,9 @@
 """The run of a prepared stack: its scope, and the main thread's event loop.
 
 :func:`run_prepared` is one scope: it takes the stop signals over, opens the
-output readers, the task runners and the control socket, runs :func:`_loop`
+output pipes, spawns the units that wait on nothing while it has no other thread
+(:func:`~supervisor.stackstart.spawn_first`), starts the output readers, the task
+runners and the control socket, runs :func:`_loop`
 until there is a cause to stop, and always ends with the stop
 (:func:`~supervisor.stackstop.stop_all`), whatever went wrong.
 
@@ -27,8 +29,8 @@ from supervisor.spawn import owned_pids
 from supervisor.stackcontrol import on_request
 from supervisor.stackctl import ControlServer
 from supervisor.stackevents import handle_events, maybe_up, on_exit
-from supervisor.stackplan import open_outputs, open_tasks, write_record
-from supervisor.stackstart import launch, launch_starts, start_job
+from supervisor.stackplan import open_pipes, open_tasks, start_readers, write_record
+from supervisor.stackstart import launch, launch_first, launch_starts, spawn_first, start_job
 from supervisor.stackstate import StackResult, StackState
 from supervisor.stackstop import finish, stop_all
 from supervisor.states import UnitState
@@ -49,16 +51,22 @@ def run_prepared(st: StackState) -> StackResult:
 
 
 def _supervise(st: StackState, sig_r: int) -> StackResult:
-    open_outputs(st)
-    open_tasks(st)
-    st.control = ControlServer(
-        os.path.join(st.run_dir, "control.sock"), functools.partial(on_request, st)
-    )
+    open_pipes(st)
     try:
-        write_record(st, state="running")
-    except (OSError, UnsafePath) as e:  # checked at prepare; a link planted since
-        st.say(f"warning: the stack's record is not written: {e}")
-    try:
+        _say_starting(st)
+        # While this is the process's only thread: the first units are born in their
+        # cgroup leaves (clone3), which a job thread's spawn cannot be (issue 13).
+        spawn_first(st)
+        start_readers(st)
+        launch_first(st)
+        open_tasks(st)
+        st.control = ControlServer(
+            os.path.join(st.run_dir, "control.sock"), functools.partial(on_request, st)
+        )
+        try:
+            write_record(st, state="running")
+        except (OSError, UnsafePath) as e:  # checked at prepare; a link planted since
+            st.say(f"warning: the stack's record is not written: {e}")
         _loop(st, sig_r)
     except BaseException as e:  # an internal error still stops everything
         st.cause = Cause("internal", f"internal error: {e!r}", TOOL)
@@ -70,7 +78,6 @@ def _supervise(st: StackState, sig_r: int) -> StackResult:
 
 
 def _loop(st: StackState, sig_r: int) -> None:
-    _say_starting(st)
     launch_starts(st)
     maybe_up(st)
     tick = 0.1 if st.display.live else None  # the live table's clock while starting

@@ -90,10 +90,45 @@ def start_job(st: StackState, u: Unit, restart: bool) -> None:
         st.post("result", u, "failed", UNIT_FAILED, f"internal error: {e!r}")
 
 
+def spawn_first(st: StackState) -> None:
+    """Spawn every unit that waits on nothing, from the main thread, before the run
+    has started any other thread: a spawn from a single-threaded process can make
+    the unit born in its cgroup leaf (``clone3``, :mod:`supervisor.intoleaf`: no
+    shell, no RCU grace period), which a job thread's spawn never can. Each gets
+    its job at once after (:func:`launch_first`), which waits until it is ready."""
+    for u in st.units.values():
+        if u.state is UnitState.WAITING and u.job is None and _conditions(st, u)[0] == "go":
+            try:
+                u.first = _spawn(st, u)
+            except Exception as e:  # as a job reports it (start_job)
+                u.first = ("failed", UNIT_FAILED, f"internal error: {e!r}")
+
+
+def launch_first(st: StackState) -> None:
+    """The job of each unit :func:`spawn_first` spawned (or failed to)."""
+    for u in st.units.values():
+        if u.first is not None and u.job is None:
+            launch(st, u, start_job, restart=False)
+
+
 def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
-    """In a job: spawn the unit, tell the guardian its root, wait until it is ready."""
-    if st.abort.is_set():
-        return ("aborted", 0, "")
+    """In a job: spawn the unit (unless :func:`spawn_first` did), tell the guardian
+    its root, wait until it is ready."""
+    spawned, u.first = u.first, None
+    if spawned is None:
+        if st.abort.is_set():
+            return ("aborted", 0, "")
+        spawned = _spawn(st, u)
+    if isinstance(spawned, tuple):
+        return spawned
+    assert u.tree is not None
+    if u.spec.kind == "oneshot":
+        return _wait_done(st, u, spawned, u.tree)
+    return _wait_ready(st, u, spawned, u.tree)
+
+
+def _spawn(st: StackState, u: Unit) -> Child | Outcome:
+    """Spawn the unit, its tree noted and told to the guardian; the child, or why not."""
     if isinstance(u.probe, (readiness.LogProbe, NotifyProbe)):
         u.probe.reset()
     drain(u.wake_r)
@@ -128,9 +163,7 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
             st.on_started(u.name, u.tree)
         except Exception as e:
             st.post("say", f"{u.name}: could not tell the guardian: {e}")
-    if u.spec.kind == "oneshot":
-        return _wait_done(st, u, child, u.tree)
-    return _wait_ready(st, u, child, u.tree)
+    return child
 
 
 def _wait_done(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:

@@ -32,6 +32,14 @@ DRAIN = 0.5  # told to stop, the reader takes what comes for at most this long
 def open_outputs(st: StackState) -> None:
     """Each service's stdout and stderr pipes, with the thread that copies them to
     the log; each log (a service's and a task unit's) says a run of the stack begins."""
+    open_pipes(st)
+    start_readers(st)
+
+
+def open_pipes(st: StackState) -> None:
+    """:func:`open_outputs` without its threads: the run-begins lines and the pipes
+    (a stack spawns its first units before it has a thread: see
+    :func:`supervisor.stackstart.spawn_first`)."""
     run = f"==== stack {st.name}: run begins (hold up pid {os.getpid()}, file {st.source}) ===="
     if st.tasks:  # the calls' record format, for task units only (not loaded otherwise)
         from supervisor.calls import run_record
@@ -44,6 +52,11 @@ def open_outputs(st: StackState) -> None:
         u.out_r, u.out_w = os.pipe2(os.O_CLOEXEC)
         u.err_r, u.err_w = os.pipe2(os.O_CLOEXEC)
         u.wake_r, u.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+
+def start_readers(st: StackState) -> None:
+    """The reader thread of each service's pipes (what came before it is in the pipes)."""
+    for u in st.units.values():
         u.reader = threading.Thread(
             target=read_output, args=(u,), name=f"out-{u.name}", daemon=True
         )

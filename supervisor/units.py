@@ -56,6 +56,9 @@ class Unit:
         self.last_line = ""
         self.restart_at: float | None = None
         self.job: threading.Thread | None = None
+        # Spawned by the main thread before the run had a thread (its job takes it
+        # over): the child, or the outcome of a spawn that failed.
+        self.first: Child | tuple[str, int, str] | None = None
         self.log: RotatingLog | None = None
         self.out_r = self.out_w = -1  # stdout's pipe
         self.err_r = self.err_w = -1  # stderr's pipe
