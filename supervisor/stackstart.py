@@ -148,7 +148,7 @@ def _spawn(st: StackState, u: Unit) -> Child | Outcome:
             stdout=u.out_w,
             stderr=u.err_w,
             cgroup=u.leaf,
-            cwd=u.cwd,
+            cwd=_entered(u.cwd, u.env),
         )
     except SpawnError as e:
         return ("failed", UNIT_FAILED, str(e))
@@ -164,6 +164,20 @@ def _spawn(st: StackState, u: Unit) -> Child | Outcome:
         except Exception as e:
             st.post("say", f"{u.name}: could not tell the guardian: {e}")
     return child
+
+
+def _entered(cwd: str | None, env: dict[str, str]) -> str | None:
+    """The unit's working directory for :func:`spawn`; None where it is already ours
+    (the same directory, by device and inode: the stack file's, run from there), so
+    the spawn needs no shell stub to enter it. Not where the unit is given ``PWD``:
+    the stub's shell would set it to the directory it entered."""
+    if cwd is None or "PWD" in env:
+        return cwd
+    try:
+        here, there = os.stat("."), os.stat(cwd)
+    except OSError:
+        return cwd  # the spawn says why
+    return None if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino) else cwd
 
 
 def _wait_done(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:

@@ -91,3 +91,23 @@ def test_both_ways_run_a_stack_without_the_heavy_modules(tmp_path: Path) -> None
         assert not alive(unit)
         wait_for(lambda s=supervisor: not alive(s), 10, what="the supervisor's end")
         pidfile.unlink()
+
+
+def test_units_run_in_the_stack_files_directory_from_anywhere(tmp_path: Path) -> None:
+    """From the stack file's directory the supervisor's own is the units' (no stub
+    enters it); from / it is entered: the same directory either way."""
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(
+        "name: where\nunits:\n  one:\n"
+        "    cmd: [sh, -c, 'pwd -P > where.tmp && mv where.tmp where; exec sleep 60']\n"
+        '    ready: {file: "{stack_dir}/where"}\n'
+    )
+    for cwd in (tmp_path, Path("/")):
+        res = subprocess.run([*HOLD, "up", "--detach", str(stack)], capture_output=True,
+                             text=True, timeout=60, cwd=cwd)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert (tmp_path / "where").read_text().strip() == str(tmp_path.resolve())
+        res = subprocess.run([*HOLD, "down", "where"], capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        (tmp_path / "where").unlink()
