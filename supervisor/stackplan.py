@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor import readiness
 from supervisor.environ import minimal_env
+from supervisor.errors import SupervisorError
 from supervisor.exitcodes import TOOL, USAGE
 from supervisor.notify import NotifyProbe, NotifySocket
 from supervisor.safefile import UnsafePath, check_file, ensure_dir, open_for_update, write_atomic
@@ -121,8 +122,12 @@ def assign(st: StackState) -> None:
         raise StackError(errors, code)
 
 
-class _NoScratch(Exception):
-    """A unit's scratch could not be made (the reason is the message)."""
+class _NoScratch(SupervisorError):
+    """A unit's scratch could not be made (the reason is the message): the
+    :class:`~supervisor.scratch.ScratchError`, whose module is imported only for
+    a unit that has one."""
+
+    exit_code = USAGE
 
 
 def _assign_unit(st: StackState, u: Unit | TaskUnit) -> None:
