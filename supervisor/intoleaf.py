@@ -32,7 +32,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 _SYS_CLONE3 = 435  # the same number on every Linux architecture (the generic syscall table)
 _CLONE_INTO_CGROUP = 0x200000000
@@ -44,6 +44,18 @@ _ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKI
 # (ENOSYS: too old or filtered; E2BIG/EINVAL: no CLONE_INTO_CGROUP).
 _refused: int | None = None
 _syscall: Callable[..., int] | None = None
+
+
+class _Exec(NamedTuple):
+    """What the child does between the clone and the program (built in the parent)."""
+
+    path: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    actions: Sequence[tuple[int, ...]]
+    new_session: bool
+    cwd: str | None
+    resets: Sequence[int]  # signals to put back to SIG_DFL
 
 
 class ChdirFailed(OSError):
@@ -82,25 +94,15 @@ def clone_into(
     # disposition at start-up, an inherited SIG_IGN included): a sigaction per
     # signal in the child would be 0.3 ms of every spawn.
     resets = [s for s in _ALL_SIGNALS if signal.getsignal(s) != signal.SIG_DFL]
-    pid = _fork_into(call, dirfd, err_w, path, argv, env, actions, new_session, cwd, resets)
+    what = _Exec(path, argv, env, actions, new_session, cwd, resets)
+    pid = _fork_into(call, dirfd, err_w, what)
     if pid is None:
         os.close(err_r)
         return None
     return _exec_outcome(pid, err_r)
 
 
-def _fork_into(
-    call: Callable[..., int],
-    dirfd: int,
-    err_w: int,
-    path: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    actions: Sequence[tuple[int, ...]],
-    new_session: bool,
-    cwd: str | None,
-    resets: Sequence[int],
-) -> int | None:
+def _fork_into(call: Callable[..., int], dirfd: int, err_w: int, what: _Exec) -> int | None:
     """The clone itself, every signal blocked around it; the pid, or None if refused."""
     global _refused
     import ctypes
@@ -118,7 +120,7 @@ def _fork_into(
         size = ctypes.c_size_t(ctypes.sizeof(struct))
         pid = call(ctypes.c_long(_SYS_CLONE3), ctypes.byref(struct), size)
         if pid == 0:
-            _child(err_w, path, argv, env, actions, new_session, cwd, resets)
+            _child(err_w, what)
         err = ctypes.get_errno()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -162,27 +164,18 @@ def _exec_outcome(pid: int, err_r: int) -> int | None:
     raise OSError(err, os.strerror(err))
 
 
-def _child(
-    err_w: int,
-    path: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    actions: Sequence[tuple[int, ...]],
-    new_session: bool,
-    cwd: str | None,
-    resets: Sequence[int],
-) -> NoReturn:
+def _child(err_w: int, what: _Exec) -> NoReturn:
     """In the new process: set up as ``posix_spawn`` would, then exec; never returns."""
     stage = "setup"
     try:
         os.write(err_w, b"r")  # it runs: see _exec_outcome
-        for sig in resets:
+        for sig in what.resets:
             signal.signal(sig, signal.SIG_DFL)
-        if new_session:
+        if what.new_session:
             os.setsid()
         else:
             os.setpgid(0, 0)
-        for act in actions:
+        for act in what.actions:
             if act[0] == os.POSIX_SPAWN_DUP2:
                 if act[1] == act[2]:
                     os.set_inheritable(act[1], True)  # dup2(fd, fd) would keep close-on-exec
@@ -193,12 +186,12 @@ def _child(
                     os.close(act[1])
                 except OSError:
                     pass
-        if cwd is not None:
+        if what.cwd is not None:
             stage = "chdir"
-            os.chdir(cwd)
+            os.chdir(what.cwd)
         stage = "exec"
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        os.execve(path, list(argv), env)
+        os.execve(what.path, list(what.argv), what.env)
     except BaseException as e:  # whatever it was, the parent hears of it
         code = e.errno if isinstance(e, OSError) and e.errno else 0
         try:
