@@ -83,6 +83,8 @@ def test_what_started_at_or_after_since_is_read_on_every_walk() -> None:
     cache.walk(0, TOP_UPS)
     p = subprocess.Popen(["sleep", "60"])
     try:
+        # Asleep first: a state read while it still ran would differ from the walk's.
+        wait_for(lambda: read_stat(p.pid).state == "S", what="sleep to sleep")
         st = read_stat(p.pid)
         for _ in range(3):
             procs = cache.walk(st.starttime, TOP_UPS)
