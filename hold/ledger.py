@@ -14,6 +14,8 @@ from typing import Any
 
 from supervisor.safefile import open_for_read, write_atomic
 
+HOLDER_ENDED = "ended by its holder"  # why a session ends when its own client says `end`
+
 VERSION = 1
 
 

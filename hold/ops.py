@@ -17,10 +17,10 @@ from hold.conn import Conn, Request
 from hold.daemonstate import DaemonState, refuse
 from hold.grants import Grants
 from hold.guard import judge
-from hold.ledger import SessionRec, TreeRec
+from hold.ledger import HOLDER_ENDED, SessionRec, TreeRec
 from hold.protocol import Message, check_label, flag_field, ints_field, number_field, text_field
 from hold.reportdoc import answer as report_answer
-from hold.sessions import HOLDER_ENDED, Endings
+from hold.sessions import Endings
 from hold.status import status
 from supervisor import procscan
 from supervisor.exitcodes import TOOL

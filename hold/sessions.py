@@ -19,14 +19,12 @@ from hold import ledger, occupancy
 from hold.conn import Conn
 from hold.daemonstate import DaemonState
 from hold.grants import Grants
-from hold.ledger import SessionRec, TreeRec
+from hold.ledger import HOLDER_ENDED, SessionRec, TreeRec
 from hold.listener import pidfd_exited
 from supervisor.cgroup import Leaf
 from supervisor.identity import ProcessId
 from supervisor.stop import StopReport, stop_tree
 from supervisor.tree import Tree
-
-HOLDER_ENDED = "ended by its holder"  # the reason of an `end` from the session's own client
 
 # What a stop worker reports: the session, its stops, the devices still held
 # (by whom), and those its scan found empty (see hold.occupancy).

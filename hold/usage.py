@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from hold import occupancy
 from hold.devices import node_key
 from hold.history import History
-from hold.ledger import SessionRec
+from hold.ledger import HOLDER_ENDED, SessionRec
 
 if TYPE_CHECKING:
     from hold.daemonstate import DaemonState
@@ -41,7 +41,7 @@ SAMPLE = 30.0  # seconds between the held-time scans of live leases
 SEEN_KEPT = 4096  # stray sightings remembered (each is recorded once)
 
 # How a session's end reason (hold.sessions.Endings.end) is written in the history.
-ENDS = {"ended by its holder": "ended", "lifeline": "lifeline",
+ENDS = {HOLDER_ENDED: "ended", "lifeline": "lifeline",
         "owner exited while detached": "owner_exited",
         "owner died while the daemon was down": "recovered",
         "expired, not stopped by the client": "expired"}  # fmt: skip
