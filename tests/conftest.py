@@ -4,6 +4,7 @@ unprivileged users, and the leak check that fails any test leaving a process.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pwd
@@ -16,6 +17,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +26,7 @@ import pytest
 import yaml
 
 from supervisor import procscan
+from supervisor.cgroup import Hierarchy, Leaf
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGS = Path(__file__).resolve().parent / "progs"
@@ -163,6 +166,37 @@ def _make_node(path: Path, rng: random.Random, taken: set[tuple[int, int]]) -> s
     path.write_bytes(b"")
     os.chmod(path, 0o666)
     return "file"
+
+
+@contextlib.contextmanager
+def fresh_leaf() -> Iterator[Leaf]:
+    """A new cgroup leaf of this test's, killed, emptied and removed afterwards;
+    :class:`~supervisor.cgroup.CgroupUnavailable` where none can be made."""
+    hier = Hierarchy.find()
+    leaf = hier.create(f"holdtest-{uuid.uuid4().hex[:12]}")
+    try:
+        yield leaf
+    finally:
+        leaf.kill()
+        leaf.wait_empty(5.0)
+        leaf.remove(hier.base)
+
+
+def holds_node(pid: int, node: Path) -> bool:
+    """Whether ``pid`` has ``node`` open (a descriptor to the same file), read from /proc."""
+    want = os.stat(node)
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+            return True
+    return False
 
 
 def own_device_classes(base: Path) -> dict[str, dict[str, list[str]]]:

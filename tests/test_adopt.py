@@ -20,7 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, PROGS, alive, as_user, daemon_pid, unpriv_python, update_config, wait_for
+from conftest import (
+    HOLD,
+    PROGS,
+    alive,
+    as_user,
+    daemon_pid,
+    holds_node,
+    unpriv_python,
+    update_config,
+    wait_for,
+)
 from test_audit import audit, audit_json, fake_nodes, row_of
 
 from hold.tokens import read_record
@@ -179,28 +189,12 @@ def test_the_job_ending_by_itself_ends_the_lease(tmp_path: Path, jobs: Jobs) -> 
     script = f"exec 3<{nodes[0]}; sleep 1.5 & sleep 1; wait"
     proc = subprocess.Popen(["sh", "-c", script], start_new_session=True)
     jobs.jobs.append(proc)  # type: ignore[arg-type]
-    wait_for(lambda: _holds(proc.pid, nodes[0]), 10, 0.02, "the job holding fake:0")
+    wait_for(lambda: holds_node(proc.pid, nodes[0]), 10, 0.02, "the job holding fake:0")
     client = jobs.adopt(proc.pid, "-t", "1m")
     code, err = ended(client)
     assert code == 0, err
     assert f"adopted pid {proc.pid}" in err
     assert token(0) is None  # the lease is over when the client returns
-
-
-def _holds(pid: int, node: Path) -> bool:
-    want = os.stat(node)
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for name in names:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
-            return True
-    return False
 
 
 # ---------------------------------------------------------------- refused

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HOLD, alive, wait_for
+from conftest import HOLD, alive, holds_node, wait_for
 
 from supervisor import procscan
 
@@ -36,22 +36,6 @@ def _fake_node(tmp_path: Path) -> Path:
     return node
 
 
-def _holds(pid: int, node: Path) -> bool:
-    want = os.stat(node)
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for name in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
-            return True
-    return False
-
-
 class Pair:
     """A stray (``parent``) and its child (``child``), both holding ``node``:
     a shell opens it, starts ``sleep`` in the background (which inherits the
@@ -67,13 +51,13 @@ class Pair:
 
         def child() -> int | None:
             for st in procscan.snapshot().values():
-                if st.ppid == self.parent and not st.is_dead and _holds(st.pid, node):
+                if st.ppid == self.parent and not st.is_dead and holds_node(st.pid, node):
                     return st.pid
             return None
 
         def parent() -> bool:
             st = procscan.stat_of(self.parent)
-            return st is not None and st.comm == "sleep" and _holds(self.parent, node)
+            return st is not None and st.comm == "sleep" and holds_node(self.parent, node)
 
         self.child: int = wait_for(child, 10, 0.02, "the child stray")
         wait_for(parent, 10, 0.02, "the parent stray")

@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import fresh_leaf
 
 from supervisor import intoleaf
-from supervisor.cgroup import CgroupUnavailable, Hierarchy, Leaf, v2_mount
+from supervisor.cgroup import CgroupUnavailable, Leaf, v2_mount
 from supervisor.environ import minimal_env
 from supervisor.spawn import SpawnError, spawn
 
@@ -30,16 +31,10 @@ from supervisor.spawn import SpawnError, spawn
 @pytest.fixture
 def leaf() -> Iterator[Leaf]:
     try:
-        hier = Hierarchy.find()
-        lf = hier.create(f"holdtest-{uuid.uuid4().hex[:12]}")
+        with fresh_leaf() as lf:
+            yield lf
     except CgroupUnavailable as e:
         pytest.skip(f"no writable cgroup v2 here: {e}")
-    try:
-        yield lf
-    finally:
-        lf.kill()
-        lf.wait_empty(5.0)
-        lf.remove(hier.base)
 
 
 def _env() -> dict[str, str]:

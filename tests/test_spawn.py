@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import fresh_leaf
 
-from supervisor.cgroup import Hierarchy, Leaf, own_cgroup, v2_mount
+from supervisor.cgroup import Leaf, own_cgroup, v2_mount
 from supervisor.environ import FALLBACK_PATH, MARKER, minimal_env
 from supervisor.parse import format_cpus
 from supervisor.spawn import Child, SpawnError, owned_pids, spawn
@@ -58,14 +59,8 @@ def leaf(cgroup_mode: str) -> Iterator[Leaf | None]:
     if cgroup_mode == "walk":
         yield None
         return
-    hier = Hierarchy.find()
-    lf = hier.create(f"holdtest-{uuid.uuid4().hex[:12]}")
-    try:
+    with fresh_leaf() as lf:
         yield lf
-    finally:
-        lf.kill()
-        lf.wait_empty(5.0)
-        lf.remove(hier.base)
 
 
 def _wait(child: Child, timeout: float = 10.0) -> int:
