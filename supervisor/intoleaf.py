@@ -18,8 +18,8 @@ inherit held). Elsewhere -- and wherever the kernel or a seccomp filter
 refuses ``clone3`` -- :func:`clone_into` returns None and the caller uses the
 stub.
 
-The child runs a few lines of Python and then ``execve``: every signal to its
-default disposition, its session or process group, its descriptors, its
+The child runs a few lines of Python and then ``execve``: every signal not at its
+default disposition put back to it, its session or process group, its descriptors, its
 working directory, an empty signal mask -- what ``posix_spawn`` is asked for
 on the stub path. An ``exec`` failure comes back over a close-on-exec pipe, so
 it is reported synchronously, as ``posix_spawn`` reports it.
