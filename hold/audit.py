@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hold.devices import DeviceClass
@@ -92,7 +93,7 @@ class Verdict(NamedTuple):
 def attribute(
     h: Holder,
     leases: list[LeaseView],
-    procs: dict[int, Stat],
+    procs: Mapping[int, Stat],
     ended: list[dict[str, Any]] | None = None,
 ) -> Verdict:
     """Which lease covers ``h``, and how; or why it is stray.
@@ -197,8 +198,10 @@ def build_report(
     figures, asked for early (:func:`hold.auditcmd.run_audit`).
     """
     tgts = targets(classes, only)
-    result = scan(tgts)
-    procs = procscan.snapshot()
+    result = scan(tgts, forks=True)
+    # The holders' ancestors only, read as asked: a snapshot of every process
+    # would be a second walk of /proc, as long as the scan's listing.
+    procs = procscan.Stats()
     leases = live_leases(sd)
     ended = ended_leases(sd)
     mem = device_memory(result.holders, nvml.result if nvml is not None else None)

@@ -19,11 +19,12 @@ question (:mod:`hold.audit`); whether a device is empty, the daemon's
 from __future__ import annotations
 
 import glob
+import marshal
 import os
 import stat
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from hold.devices import DeviceClass
 from hold.scancache import KTHREADD, ScanCache, kernel_threads, kthreadd_children
@@ -197,7 +198,7 @@ def read_proc(path: str) -> bytes:
 
 def scan(
     tgts: dict[Key, Target], pids: Iterable[int] | None = None, threads: int = 0,
-    cache: ScanCache | None = None,
+    cache: ScanCache | None = None, *, forks: bool = False,
 ) -> Scan:  # fmt: skip
     """Who holds any of ``tgts`` now (one entry per process and node).
 
@@ -206,6 +207,13 @@ def scan(
     The work is system calls on /proc (which release the GIL), so a large
     machine's is spread over a few threads: on two idle cores that nearly
     halves the wall time; a small one's is not worth a thread's start.
+
+    ``forks``: spread it over forked worker processes instead, one per usable
+    core where there are enough processes to read (:func:`fork_count`); for a
+    command that runs one scan (``hold audit``). Between the system calls the
+    per-process work is Python holding the GIL, so threads do not scale with
+    cores and processes do. A worker that cannot be started, or dies, leaves
+    its share to this process: the result is the same either way.
     """
     import threading
 
@@ -219,33 +227,26 @@ def scan(
     if cache is not None:
         todo, cursor = cache.start(key, todo)
     matcher = _Matcher(tgts)
-    threads = threads or max(1, min(4, os.cpu_count() or 1, len(todo) // PER_THREAD))
-    results: list[tuple[list[Holder], int, list[int]]] = []
-
-    def work(chunk: list[int]) -> None:
-        holders: list[Holder] = []
-        empty: list[int] = []
-        denied = 0
-        for pid in chunk:
-            found, no = matcher.inspect(pid)
-            holders += found
-            denied += no
-            if not found and not no:
-                empty.append(pid)
-        results.append((holders, denied, empty))  # list.append is atomic
-
-    chunks: list[list[int]] = [todo[i::threads] for i in range(threads)]
-    workers = [threading.Thread(target=work, args=(c,)) for c in chunks[1:]]
-    for w in workers:
-        w.start()
-    work(chunks[0])
-    for w in workers:
-        w.join()
+    results: list[_Part] = []
+    if forks:
+        results += _forked(matcher, todo)
+    else:
+        threads = threads or max(1, min(4, os.cpu_count() or 1, len(todo) // PER_THREAD))
+        chunks: list[list[int]] = [todo[i::threads] for i in range(threads)]
+        workers = [
+            threading.Thread(target=lambda c: results.append(_work(matcher, c)), args=(c,))
+            for c in chunks[1:]
+        ]  # list.append is atomic
+        for w in workers:
+            w.start()
+        results.append(_work(matcher, chunks[0]))
+        for w in workers:
+            w.join()
     if kernel:
         # A kernel thread that ended during the scan may have left its pid to
         # a user process since: whoever has such a pid now is read too.
         gone = sorted(kernel - kthreadd_children() - {KTHREADD})
-        work([p for p in gone if os.path.exists(f"/proc/{p}")])
+        results.append(_work(matcher, [p for p in gone if os.path.exists(f"/proc/{p}")]))
     if cache is not None:
         cache.note(key, [p for _, _, e in results for p in e], cursor, t0)
     holders = [h for part, _, _ in results for h in part]
@@ -254,6 +255,113 @@ def scan(
 
 
 PER_THREAD = 250  # processes per scan thread (below that, one thread is faster)
+PER_FORK = 300  # processes per forked worker (below that, its start costs more than it saves)
+MAX_FORKS = 16
+
+# One share of a scan: (holders found, processes not inspected, pids read holding nothing).
+_Part = tuple[list[Holder], int, list[int]]
+
+
+def _work(matcher: _Matcher, chunk: list[int]) -> _Part:
+    holders: list[Holder] = []
+    empty: list[int] = []
+    denied = 0
+    for pid in chunk:
+        found, no = matcher.inspect(pid)
+        holders += found
+        denied += no
+        if not found and not no:
+            empty.append(pid)
+    return holders, denied, empty
+
+
+def fork_count(n: int) -> int:
+    """How many processes (this one included) a forked scan of ``n`` pids runs in."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except OSError:
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_FORKS, n // PER_FORK))
+
+
+def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
+    """``todo`` read in :func:`fork_count` processes; each share's result.
+
+    The workers are forked, not spawned: they start in well under a
+    millisecond with the matcher already built, and run nothing but system
+    calls on /proc and :mod:`marshal` (no import, no lock another thread of
+    this process could hold), then ``_exit`` (no atexit, no stdio flush).
+    """
+    n = fork_count(len(todo))
+    shares = [todo[i::n] for i in range(n)]  # interleaved: big processes spread out
+    kids: dict[int, tuple[int, list[int]]] = {}  # worker pid -> (its pipe, its share)
+    mine = [shares[0]]
+    parts: list[_Part] = []
+    try:
+        for share in shares[1:]:
+            try:
+                r, w = os.pipe()
+            except OSError:
+                mine.append(share)
+                continue
+            try:
+                pid = os.fork()
+            except OSError:  # at the process limit (EAGAIN), or out of memory
+                os.close(r)
+                os.close(w)
+                mine.append(share)
+                continue
+            if pid == 0:
+                os.close(r)
+                _worker(matcher, share, w)
+            os.close(w)
+            kids[pid] = (r, share)
+        parts += [_work(matcher, share) for share in mine]
+        for pid in list(kids):
+            r, share = kids[pid]
+            data = _read_all(r)
+            os.close(r)
+            _, status = os.waitpid(pid, 0)
+            del kids[pid]
+            part = _decode(data) if status == 0 else None
+            parts.append(part if part is not None else _work(matcher, share))
+    finally:
+        for pid, (r, _) in kids.items():  # only on an exception here (^C)
+            os.close(r)
+            try:
+                os.kill(pid, 9)  # SIGKILL (the signal module's enums are not imported for this)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    return parts
+
+
+def _worker(matcher: _Matcher, share: list[int], w: int) -> NoReturn:
+    code = 1
+    try:
+        holders, denied, empty = _work(matcher, share)
+        view = memoryview(marshal.dumps(([tuple(h) for h in holders], denied, empty)))
+        while view:
+            view = view[os.write(w, view) :]
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(data: bytes) -> _Part | None:
+    """A worker's answer, or None if it is not one (the share is then read again)."""
+    try:
+        raw, denied, empty = marshal.loads(data)
+        return [Holder(*t) for t in raw], int(denied), [int(p) for p in empty]
+    except (EOFError, ValueError, TypeError):
+        return None
 
 
 def _uid(pid: int) -> int:

@@ -89,6 +89,32 @@ def snapshot() -> dict[int, Stat]:
     return out
 
 
+class Stats(Mapping[int, Stat]):
+    """Processes by pid, each read from ``/proc/PID/stat`` when first asked for
+    and kept: what :func:`ancestors` needs for a few pids, without a
+    :func:`snapshot` of every process on the machine. A pid that is gone (or
+    may not be read) is absent. Iterating gives only the pids asked for so far.
+    """
+
+    def __init__(self) -> None:
+        self._read: dict[int, Stat | None] = {}
+
+    def __getitem__(self, pid: int) -> Stat:
+        try:
+            st = self._read[pid]
+        except KeyError:
+            st = self._read[pid] = stat_of(pid)
+        if st is None:
+            raise KeyError(pid)
+        return st
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([pid for pid, st in self._read.items() if st is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for st in self._read.values() if st is not None)
+
+
 def environ_has(pid: int, entry: bytes) -> bool | None:
     """Does the process's initial environment contain ``entry`` exactly?
 
@@ -348,6 +374,7 @@ __all__ = [
     "Listener",
     "NoSuchProcess",
     "Node",
+    "Stats",
     "ancestors",
     "descendants",
     "environ_has",

@@ -1,0 +1,152 @@
+"""The holder scan spread over forked workers (``scan(forks=True)``, what ``hold audit``
+runs), against real processes holding real nodes.
+
+A machine needs hundreds of processes before a scan forks at all
+(``PER_FORK``); here it is lowered to 1 and the cores are said to be 8, so
+that every test's scan really runs in several processes (``os.fork`` is
+counted to prove it). What the forked scan finds must be what one process
+finds: holders by descriptor and by mapping only, and processes it may not
+read counted as not inspected, never as empty -- also when a worker cannot
+be started or dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import as_user
+from test_audit import Procs, fake_nodes, open_to_others, user_holder, user_python
+
+from hold import holders
+from hold.devices import DeviceClass
+from supervisor import procscan
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every scan forks (8 "cores", one pid a worker); the pids of the workers forked."""
+    monkeypatch.setattr(holders, "PER_FORK", 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
+    forked: list[int] = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
+    return forked
+
+
+def targets_of(nodes: list[Path]) -> dict[holders.Key, holders.Target]:
+    return holders.targets({"fake": DeviceClass("fake", tuple(map(str, nodes)))})
+
+
+def found(scan: holders.Scan) -> set[tuple[int, int | None, str]]:
+    return {(h.pid, h.unit, h.how) for h in scan.holders}
+
+
+def test_forked_scan_finds_descriptors_and_mappings(
+    tmp_path: Path, procs: Procs, forks: list[int]
+) -> None:
+    nodes = fake_nodes(tmp_path)
+    by_fd = procs.holder("fd", nodes[0])["holder"]
+    by_map = procs.holder("mmap", nodes[1])["holder"]
+    tgts = targets_of(nodes)
+    spread = holders.scan(tgts, forks=True)
+    assert len(forks) == 7, forks  # 8 shares: this process and 7 workers
+    assert {(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= found(spread)
+    one = holders.scan(tgts, threads=1)
+    assert found(spread) == found(one)
+    assert spread.not_inspected == one.not_inspected
+    for pid in forks:  # every worker was reaped
+        assert procscan.stat_of(pid) is None
+
+
+@pytest.mark.parametrize("failure", ["fork", "worker"])
+def test_a_share_whose_worker_failed_is_read_here(
+    tmp_path: Path,
+    procs: Procs,
+    forks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
+) -> None:
+    nodes = fake_nodes(tmp_path)
+    by_fd = procs.holder("fd", nodes[0])["holder"]
+    by_map = procs.holder("mmap", nodes[1])["holder"]
+    tgts = targets_of(nodes)
+    want = found(holders.scan(tgts, threads=1))
+    if failure == "fork":
+
+        def no_fork() -> int:
+            raise BlockingIOError(11, "Resource temporarily unavailable")  # the process limit
+
+        monkeypatch.setattr(os, "fork", no_fork)
+    else:
+        # Each worker dies before it answers (as if killed): nothing it read counts.
+        die: Callable[..., None] = lambda *_: os._exit(9)  # noqa: E731
+        monkeypatch.setattr(holders, "_worker", die)
+    spread = holders.scan(tgts, forks=True)
+    assert {(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= found(spread) == want
+    if failure == "worker":
+        assert len(forks) == 7
+
+
+SCAN_AS = """
+import json, os, sys
+from hold import holders
+from hold.devices import DeviceClass
+holders.PER_FORK = 1
+os.sched_getaffinity = lambda _pid: set(range(8))
+tgts = holders.targets({"fake": DeviceClass("fake", tuple(sys.argv[1:]))})
+spread, one = holders.scan(tgts, forks=True), holders.scan(tgts, threads=1)
+print(json.dumps({name: {"holders": sorted(h.pid for h in s.holders),
+                         "not_inspected": s.not_inspected}
+                  for name, s in (("spread", spread), ("one", one))}))
+"""
+
+
+def test_forked_workers_count_what_they_may_not_read(
+    tmp_path: Path, procs: Procs, unpriv_user: str, unpriv_runtime: Path
+) -> None:
+    """Run as an unprivileged user, the workers find that user's holder, and
+    root's holder is not found but counted as not inspected."""
+    nodes = fake_nodes(tmp_path)
+    open_to_others(tmp_path)
+    roots = procs.holder("fd", nodes[0])["holder"]
+    theirs = user_holder(procs, unpriv_user, nodes[1])
+    py = user_python(unpriv_user, unpriv_runtime)
+    argv = as_user(unpriv_user, [py, "-c", SCAN_AS, *map(str, nodes)], unpriv_runtime, {})
+    res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    for name in ("spread", "one"):
+        assert theirs in doc[name]["holders"], doc
+        assert roots not in doc[name]["holders"], doc
+        assert doc[name]["not_inspected"] > 0, doc
+    assert doc["spread"]["holders"] == doc["one"]["holders"]
+
+
+def test_stats_reads_only_what_is_asked() -> None:
+    stats = procscan.Stats()
+    assert procscan.ancestors(os.getpid(), stats) == procscan.ancestors(os.getpid())
+    assert set(stats) == {os.getpid()} | {a.pid for a in procscan.ancestors(os.getpid())}
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert stats.get(child.pid) is None and child.pid not in set(stats)
