@@ -48,6 +48,7 @@ from supervisor.notify import tell_systemd
 from supervisor.sigwake import drain
 
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
+NODE_EVENTS_PAUSE = 0.25  # seconds the loop looks away from the node events after a read
 
 
 class Daemon:
@@ -64,6 +65,7 @@ class Daemon:
         self.reload_asked = False  # SIGHUP
         self.idle_since: float | None = None
         self.lock_fd: int | None = None  # the state directory's daemon lock, held for life
+        self.nodes_resume_at: float | None = None  # when the node events are read again
 
     # ------------------------------------------------------------------ life
 
@@ -114,6 +116,7 @@ class Daemon:
         wake_r, st.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         st.sel.register(sock, selectors.EVENT_READ, ("listen", None))
         st.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
+        self._listen_to_nodes()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
@@ -145,6 +148,8 @@ class Daemon:
                 self.endings.on_owner_exit(key.fd)
             elif kind == "blocker":
                 self.grants.on_blocker_exit(key.fd)
+            elif kind == "nodes":
+                self._on_node_events()
         self.grants.finish_locks()
         self.grants.finish_checks()
         self.endings.finish()
@@ -168,6 +173,28 @@ class Daemon:
             os.unlink(self.st.sd.socket)
         except OSError:
             pass
+
+    def _listen_to_nodes(self) -> None:
+        self.nodes_resume_at = None
+        fd = self.st.occupancy.fileno()
+        if fd is not None:
+            self.st.sel.register(fd, selectors.EVENT_READ, ("nodes", None))
+
+    def _on_node_events(self) -> None:
+        """The kernel's opens and closes of the device nodes (see :mod:`hold.occupancy`).
+
+        Read here so that the queue never fills; a grant reads it again before
+        it believes a count. The watch of a node's directory sees every file
+        opened there (``/dev/null`` beside ``/dev/nvidia0``), so after a read
+        the loop looks away for :data:`NODE_EVENTS_PAUSE`: an idle daemon on a
+        busy machine wakes at most a few times a second for them.
+        """
+        moved = self.st.occupancy.drain()
+        self.grants.on_node_events(moved)
+        fd = self.st.occupancy.fileno()
+        if fd is not None:
+            self.st.sel.unregister(fd)
+            self.nodes_resume_at = time.monotonic() + NODE_EVENTS_PAUSE
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.st.stopping = True
@@ -274,6 +301,8 @@ class Daemon:
         deadlines += [t - now_mono for t in self.endings.kill_at.values()]
         if self.grants.recheck_at is not None:
             deadlines.append(self.grants.recheck_at - now_mono)
+        if self.nodes_resume_at is not None:
+            deadlines.append(self.nodes_resume_at - now_mono)
         if self.st.idle_exit is not None and self.idle_since is not None:
             deadlines.append(self.idle_since + self.st.idle_exit - now_mono)
         return max(0.0, min(deadlines)) if deadlines else None
@@ -302,6 +331,8 @@ class Daemon:
             st.stopping = True
         if self.grants.recheck_at is not None and self.grants.recheck_at <= now_mono:
             self._recheck()
+        if self.nodes_resume_at is not None and self.nodes_resume_at <= now_mono:
+            self._listen_to_nodes()
         self._expire_leases(now_wall, now_mono)
         for sid, t in list(self.endings.kill_at.items()):
             if t <= now_mono and sid in st.sessions:

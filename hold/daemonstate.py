@@ -50,6 +50,8 @@ class DaemonState:
         self.keys: dict[str, list[str]] = {}
         self.sizes: dict[str, int] = {}
         self.scanned: dict[str, bool] = {}
+        # The kernel's count of each device's open files (grants without a scan).
+        self.occupancy = occupancy.Occupancy()
         self.set_classes(classes, {name: c.device_keys() for name, c in classes.items()})
         self.scan_cache = ScanCache()  # what the holder scans read a moment ago
         self.workers = Workers()  # scans before grants, stops at ends
@@ -75,6 +77,7 @@ class DaemonState:
         self.classes, self.keys = classes, keys
         self.sizes = {name: len(k) for name, k in keys.items()}
         self.scanned = {name: occupancy.has_nodes(c) for name, c in classes.items()}
+        self.occupancy.track(classes, keys)
 
     def wake(self, why: bytes = b"w") -> None:
         """(Any thread) make the loop look at what a worker left for it."""

@@ -25,6 +25,7 @@ from supervisor.exitcodes import TOOL
 from supervisor.identity import ProcessId
 
 RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
+RECHECK_MOVED = 2.0  # seconds from an open or close of a blocked device's node to its scan
 
 Device = tuple[str, int]  # (class, index)
 Holders = list[dict[str, Any]]
@@ -93,11 +94,17 @@ class Grants:
                 break
         for pos, devices in reversed(grants):
             req = waiting[pos]
-            if self.st.scanned[cls] and not set(devices) <= empty:
-                self._verify(cls, req, devices)
+            if not self.st.scanned[cls]:
+                check = "none"  # a logical device: nothing to hold
+            elif set(devices) <= empty:
+                check = "handoff"  # the end's scan found them empty (see above)
+            elif self.st.occupancy.known_empty([self.key((cls, i)) for i in devices]):
+                check = "count"  # the kernel's count: see hold.occupancy
             else:
-                q.remove(req)
-                self._grant(cls, req, devices)
+                self._verify(cls, req, devices)
+                continue
+            q.remove(req)
+            self._grant(cls, req, devices, check)
         self.release_idle_locks()
         self._notify_queue(cls)
 
@@ -140,9 +147,16 @@ class Grants:
         for i in devices:
             self.verifying[(cls, i)] = req
 
+        keys = [self.key((cls, i)) for i in devices]
+        if self.st.log is not None:
+            # Why the kernel's count could not answer (the benchmark counts these).
+            why = {str(i): self.st.occupancy.why_not(k) for i, k in zip(devices, keys, strict=True)}
+            self.st.log.info("scan_needed", cls=cls, devices=devices, why=why)
+
         def work() -> None:
             try:
-                found = occupancy.holders_of(self.st.classes[cls], devices, self.st.scan_cache)
+                occ = self.st.occupancy
+                found = occupancy.checked_look(occ, self.st.classes[cls], devices, keys)
                 found = without_tree(found, req.tree, req.conn.uid)  # an adopted job's own
             except Exception as e:  # a failed scan must not grant a device blindly
                 found = {devices[0]: [{"pid": 0, "user": "?", "command": f"scan failed: {e!r}",
@@ -190,7 +204,7 @@ class Grants:
             busy = [{"index": i, "holders": h} for i, h in found.items()]
             req.conn.send({"ev": "warning", "cls": cls, "blocked": busy})
         self.queues[cls].remove(req)
-        self._grant(cls, req, devices)
+        self._grant(cls, req, devices, "scan")
 
     def block(self, cls: str, index: int, holders: Holders) -> None:
         """Keep ``cls:index`` from being granted until its holders are gone."""
@@ -224,6 +238,13 @@ class Grants:
         if not self.blocked:
             self.recheck_at = None
 
+    def on_node_events(self, moved: set[str]) -> None:
+        """Opens or closes of the nodes of ``moved`` (device keys): a blocked one is
+        looked at again soon (its holder may have closed it without exiting)."""
+        if any(self.key(d) in moved for d in self.blocked):
+            soon = time.monotonic() + RECHECK_MOVED
+            self.recheck_at = soon if self.recheck_at is None else min(self.recheck_at, soon)
+
     def on_blocker_exit(self, fd: int) -> None:
         key = self.blocker_fds.get(fd)
         if key is not None:
@@ -232,7 +253,9 @@ class Grants:
 
     # ---------------------------------------------------------------- grants
 
-    def _grant(self, cls: str, req: Request, devices: list[int]) -> None:
+    def _grant(self, cls: str, req: Request, devices: list[int], check: str) -> None:
+        """Hand ``devices`` to ``req``; ``check``: what proved them empty (the log says:
+        ``count``, ``scan``, ``handoff`` or ``none``)."""
         conn = req.conn
         conn.request = None
         s = conn.session
@@ -255,7 +278,9 @@ class Grants:
         except (UnsafePath, OSError, ValueError) as e:
             self._undo_grant(cls, req, devices, e)
             return
-        self.st.log_for("granted", s, label=req.label, devices=devices, expires=lease.expires)
+        self.st.log_for(
+            "granted", s, label=req.label, devices=devices, expires=lease.expires, check=check
+        )
         self.st.usage.granted(s, req.arrived)  # hook for hold report / metrics: counters, waits
         # The client holds the locks with us (one open file description each):
         # neither one's death alone lets another arbiter grant the devices.

@@ -74,9 +74,13 @@ class Endings:
             else None
         )
         uid = limit_uid(s.uid)
+        if devices is not None and not trees:
+            keys = [self.st.keys[devices[0]][i] for i in devices[1]]
+            if self.st.occupancy.known_empty(keys):
+                devices = None  # the kernel's count is back at zero: nobody to look for
         if not trees and devices is None:
             # Nothing to stop or scan: end it in this turn of the loop (a
-            # thread's start-up would be most of the handoff's latency).
+            # worker's turn would be most of the handoff's latency).
             self.done.put((s.session_id, [], {}, frozenset()))
             return
         sid = s.session_id
@@ -101,12 +105,23 @@ class Endings:
         if devices is not None:
             # Whoever still holds the lease's devices is a survivor of the
             # lease (started inside it, or slipped in during it): stopped
-            # before anyone else is granted them.
+            # before anyone else is granted them. Where the kernel's count is
+            # back at zero nobody does, and nothing is scanned.
+            cls, indices, granted = devices
+            keys = [self.st.keys[cls][i] for i in indices]
             try:
-                more, left = occupancy.stop_leftovers(self.st.classes[devices[0]], devices[1],
-                                                      uid=uid, grace=grace,
-                                                      granted=devices[2],
-                                                      cache=self.st.scan_cache)  # fmt: skip
+                if self.st.occupancy.known_empty(keys):
+                    more: list[StopReport] = []
+                else:
+                    more, left = occupancy.stop_leftovers(
+                        self.st.classes[cls],
+                        indices,
+                        uid=uid,
+                        grace=grace,
+                        granted=granted,
+                        occ=self.st.occupancy,
+                        keys=keys,
+                    )
                 reports += more
                 # Scanned after every tree of the lease was stopped: the
                 # next grant of these devices needs no scan of its own.

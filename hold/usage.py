@@ -9,9 +9,10 @@
   found holding a device node (before a grant, or left over at a lease's
   end), recorded once per process and device.
 
-Held: while a lease lives, a sampler thread scans the lease's device nodes
-every ``report.sample`` (30 s by default; :mod:`hold.occupancy`, the scan
-the daemon makes before a grant). Each scan that finds a process holding
+Held: while a lease lives, a sampler thread looks at the lease's device nodes
+every ``report.sample`` (30 s by default): the kernel's count of their open
+files where it is exact, else the scan the daemon makes before a grant
+(:mod:`hold.occupancy`). Each scan that finds a process holding
 one of them adds the time since the previous scan of that lease (or since
 the grant); a scan that finds none adds nothing. So held is at most the
 leased time, exact to within one period at each end, and 0 for a lease
@@ -185,7 +186,14 @@ class Usage:
                 if lid not in self._last:
                     continue
             dc = self.st.classes.get(cls)
-            found = dc is not None and occupancy.holders_of(dc, devices, self.st.scan_cache)
+            keys = self.st.keys.get(cls, [])
+            held = self.st.occupancy.held([keys[i] for i in devices if i < len(keys)])
+            if held is not None:  # the kernel's count, where it is exact: no scan
+                found = held
+            else:
+                found = dc is not None and bool(
+                    occupancy.holders_of(dc, devices, self.st.scan_cache)
+                )
             now = time.time()
             with self._lock:
                 if lid in self._last:
