@@ -1,8 +1,9 @@
-"""The benchmark of issue 3: what a ticket costs, how fast it changes hands, what
-an idle daemon costs.
+"""The benchmark of issues 3, 13 and 21: what a ticket costs, how fast it changes
+hands, what an idle daemon costs, and how all that grows with the machine.
 
     .venv/bin/python -m bench.tickets                # defaults (about 3 minutes)
     .venv/bin/python -m bench.tickets --only start,loop --tmp /dev/shm   # issue 13's
+    .venv/bin/python -m bench.tickets --only start,loop --crowd 0,2000,10000   # issue 21's
 
 Four parts, side by side in one run against the baselines the issues name:
 
@@ -16,9 +17,18 @@ Four parts, side by side in one run against the baselines the issues name:
    device, beside the same loops of ``flock -x LOCK true``: acquisitions per
    second, failed commands (must be none), and the daemon's own handoff from
    its log: from a lease's ``session_ending`` (its holder said ``end``) to
-   the next ``granted``. ``--crowd N`` adds N idle processes (``sleep``) for
-   the whole run, as on a shared machine with many processes. ``--tmp``:
-   where the state goes (a daemon's is on tmpfs: /run, $XDG_RUNTIME_DIR).
+   the next ``granted``; the CPU time of one acquisition (clients and daemon
+   together: on a small machine the loop is bound by it); and what proved the
+   device empty for each grant (``count``: the kernel's count of its open
+   files; ``scan``: a scan of every process, with why the count could not
+   answer). ``--tmp``: where the state goes (a daemon's is on tmpfs: /run,
+   $XDG_RUNTIME_DIR).
+
+``--crowd 0,2000,10000``: start-up and the loop run once per size, with that
+many idle processes added to the machine (forked children that ``pause``,
+killed by the kernel with their parent), and each figure at the largest size
+is given against the same at the smallest: a ticket must cost the same on a
+busy machine.
 2. **Handoff latency** with 20 contending clients: the time from one holder's
    release to the next holder's grant, measured inside the clients with
    CLOCK_MONOTONIC (one clock for the whole machine). Three ways of taking
@@ -209,21 +219,96 @@ def daemon_handoffs(log: Path, since: float) -> list[float]:
 
 
 def loops(workers: int, per: int, workdir: Path, node_env: dict[str, str]) -> dict[str, Any]:
-    """The loop of ``npu-hold -- true`` and of ``flock -x LOCK true``, one after the other."""
+    """The loop of ``npu-hold -- true`` and of ``flock -x LOCK true``, one after the other.
+
+    Also: the CPU time one acquisition costs, clients and daemon together
+    (the loop's reaped descendants, and the daemon's own ticks), and what
+    proved the device empty for each grant (the daemon's log: ``count``,
+    the kernel's count; ``scan``, a scan of every process; ``handoff``, the
+    scan at the previous lease's end), with why a scan was needed.
+    """
     lockfile = workdir / "loop-lock"
     lockfile.touch()
+    state = Path(node_env["HOLD_STATE_DIR"])
+    # The daemon runs before the loop starts, so its CPU is read on both sides.
+    subprocess.run([str(VENV_BIN / "npu-hold"), "--", "true"], env=node_env, check=True,
+                   capture_output=True)  # fmt: skip
+    daemon = int((state / "daemon.lock").read_text())
     since = time.time()
-    out = {"npu-hold -- true": loop([str(VENV_BIN / "npu-hold"), "--", "true"], workers, per,
-                                    node_env),
-           "flock -x LOCK true": loop(["flock", "-x", str(lockfile), "true"], workers, per,
-                                      node_env)}  # fmt: skip
-    log = Path(node_env["HOLD_STATE_DIR"]) / "daemon.log"
+    cpu0, d0 = _children_cpu(), _cpu(daemon)
+    hold = loop([str(VENV_BIN / "npu-hold"), "--", "true"], workers, per, node_env)
+    cpu1, d1 = _children_cpu(), _cpu(daemon)
+    hold["cpu_ms_per_acquisition"] = round((cpu1 - cpu0 + d1 - d0) * 1000 / hold["runs"], 2)
+    hold["daemon_cpu_ms_per_acquisition"] = round((d1 - d0) * 1000 / hold["runs"], 2)
+    cpu0 = _children_cpu()
+    flock = loop(["flock", "-x", str(lockfile), "true"], workers, per, node_env)
+    flock["cpu_ms_per_acquisition"] = round((_children_cpu() - cpu0) * 1000 / flock["runs"], 2)
+    out: dict[str, Any] = {"npu-hold -- true": hold, "flock -x LOCK true": flock}
+    log = state / "daemon.log"
     out["daemon_handoff_ms"] = [round(g, 3) for g in daemon_handoffs(log, since)]
+    out["checks"], out["scan_why"] = grant_checks(log, since)
     return out
 
 
-def crowd(n: int) -> list[subprocess.Popen[bytes]]:  # idle processes, as on a shared machine
-    return [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def grant_checks(log: Path, since: float) -> tuple[dict[str, int], dict[str, int]]:
+    """(grants by what proved the device empty, scans by why the count could not answer)."""
+    import datetime
+
+    checks: dict[str, int] = {}
+    why: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        ev = json.loads(line)
+        ts = datetime.datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
+        if ts < since:
+            continue
+        if ev["event"] == "granted":
+            checks[ev.get("check", "?")] = checks.get(ev.get("check", "?"), 0) + 1
+        elif ev["event"] == "scan_needed":
+            for reason in ev["why"].values():
+                why[reason] = why.get(reason, 0) + 1
+    return checks, why
+
+
+# N idle processes, as on a shared machine: forked children that pause, each
+# killed by the kernel when this parent ends (PR_SET_PDEATHSIG); the parent
+# ends when the benchmark closes its stdin (or dies).
+CROWD = r"""
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None)
+me = os.getpid()
+for _ in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != me:
+            os._exit(0)
+        os.closerange(0, 3)
+        while True:
+            signal.pause()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def crowd(n: int) -> subprocess.Popen[str]:
+    """``n`` idle processes until the returned parent's stdin is closed."""
+    p = subprocess.Popen([sys.executable, "-c", CROWD, str(n)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stdout is not None
+    if p.stdout.readline().strip() != "ready":
+        p.kill()
+        raise RuntimeError("the crowd did not start")
+    return p
+
+
+def processes() -> int:
+    return sum(1 for n in os.listdir("/proc") if n.isdigit())
 
 
 def idle_daemon(seconds: float, workdir: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -290,17 +375,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=60.0, help="idle measurement, seconds")
     ap.add_argument("--workers", type=int, default=20, help="shell loops in the loop")
     ap.add_argument("--per-worker", type=int, default=50, help="runs per loop")
-    ap.add_argument("--crowd", type=int, default=0, help="idle processes added for the run")
+    ap.add_argument(
+        "--crowd",
+        default="0",
+        help="idle processes added, comma-separated sizes (start and loop run at each)",
+    )
     ap.add_argument("--only", default="start,handoff,idle,loop", help="parts, comma-separated")
     ap.add_argument("--tmp", help="where the state directories go (default: $TMPDIR)")
     ap.add_argument("--name", default=time.strftime("tickets-%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
     parts = set(args.only.split(","))
+    sizes = sorted({int(n) for n in args.crowd.split(",")})
 
-    result: dict[str, Any] = {"machine": machine(), "load_start": loadavg(),
-                              "params": vars(args)}  # fmt: skip
-    idle = crowd(args.crowd)
-    result["processes"] = sum(1 for n in os.listdir("/proc") if n.isdigit())
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "load_start": loadavg(),
+        "params": vars(args),
+        "processes": processes(),
+        "sizes": [],
+    }
+    crowds: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="hold-bench-", dir=args.tmp) as tmp:
         work = Path(tmp)
         config = work / "config.yaml"
@@ -308,18 +402,33 @@ def main(argv: list[str] | None = None) -> int:
         (work / "npudev0").touch()
         node_config = work / "node-config.yaml"
         node_config.write_text(f'devices:\n  npu:\n    nodes: ["{work}/npudev*"]\n')
-        env = dict(os.environ, HOLD_STATE_DIR=str(work / "state"), HOLD_CONFIG=str(config),
-                   PYTHONDONTWRITEBYTECODE="")  # fmt: skip
+        env = dict(
+            os.environ,
+            HOLD_STATE_DIR=str(work / "state"),
+            HOLD_CONFIG=str(config),
+            PYTHONDONTWRITEBYTECODE="",
+        )
         # Start-up runs without a configuration file (as most machines run).
         plain_env = {k: v for k, v in env.items() if k != "HOLD_CONFIG"}
         plain_env["HOLD_STATE_DIR"] = str(work / "plain-state")
         node_env = dict(env, HOLD_CONFIG=str(node_config), HOLD_STATE_DIR=str(work / "node-state"))
         try:
-            if "start" in parts:
-                starts = start_times(args.runs, work, plain_env, node_env)
-                result["start"] = {k: [round(x * 1000, 3) for x in v] for k, v in starts.items()}
-            if "loop" in parts:
-                result["loop"] = loops(args.workers, args.per_worker, work, node_env)
+            added = 0
+            for size in sizes:
+                if size > added:
+                    crowds.append(crowd(size - added))
+                    added = size
+                row: dict[str, Any] = {"crowd": size, "processes": processes()}
+                print(f"-- {size} idle processes added ({row['processes']} in all)", flush=True)
+                if "start" in parts:
+                    starts = start_times(args.runs, work, plain_env, node_env)
+                    row["start"] = {k: [round(x * 1000, 3) for x in v] for k, v in starts.items()}
+                if "loop" in parts:
+                    row["loop"] = loops(args.workers, args.per_worker, work, node_env)
+                result["sizes"].append(row)
+            for c in crowds:
+                _end_crowd(c)
+            crowds.clear()
             if "handoff" in parts:
                 result["handoff_ms"] = handoff_table(args.rounds, args.clients, work, plain_env)
             if "idle" in parts:
@@ -329,14 +438,24 @@ def main(argv: list[str] | None = None) -> int:
                 lock = work / state / "daemon.lock"
                 if lock.exists():
                     subprocess.run(["kill", lock.read_text().strip()], check=False)
-            for p in idle:
-                p.kill()
-                p.wait()
+            for c in crowds:
+                _end_crowd(c)
     result["load_end"] = loadavg()
     print(table(result))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _end_crowd(c: subprocess.Popen[str]) -> None:
+    """Its parent ends; the kernel kills the children (PR_SET_PDEATHSIG)."""
+    if c.stdin is not None and not c.stdin.closed:
+        c.stdin.close()
+    try:
+        c.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        c.kill()
+        c.wait()
 
 
 def handoff_table(rounds: int, clients: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -354,44 +473,83 @@ def handoff_table(rounds: int, clients: int, work: Path, env: dict[str, str]) ->
 
 def table(r: dict[str, Any]) -> str:
     m = r["machine"]
-    lines = [f"Machine: {m}; {r['processes']} processes; load {r['load_start']} -> "
-             f"{r['load_end']}", ""]  # fmt: skip
-    if "start" in r:
-        py = median(r["start"]["python3 -c pass"])
-        click = median(r["start"]['python3 -c "import click"'])
-        lines += ["| command | median ms | p90 ms | x python3 -c pass | x import click |",
-                  "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
-        for name, v in r["start"].items():
-            lines.append(f"| `{name}` | {median(v):.1f} | {percentile(v, 90):.1f} | "
-                         f"{median(v) / py:.2f} | {median(v) / click:.2f} |")  # fmt: skip
-    if "loop" in r:
-        lp = r["loop"]
+    lines = [f"Machine: {m}; load {r['load_start']} -> {r['load_end']}", ""]
+    sizes = r["sizes"]
+    if sizes and "start" in sizes[0]:
+        lines += [
+            "Start-up, median ms (p90), and x `python3 -c pass` at the same size:",
+            "",
+            "| command | " + " | ".join(f"{s['processes']:,} processes" for s in sizes) + " |",
+            "| --- |" + " ---: |" * len(sizes),
+        ]
+        for name in sizes[0]["start"]:
+            cells = []
+            for s in sizes:
+                v, py = s["start"][name], median(s["start"]["python3 -c pass"])
+                cells.append(f"{median(v):.1f} ({percentile(v, 90):.1f}) {median(v) / py:.2f}x")
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    if sizes and "loop" in sizes[0]:
         w, n = r["params"]["workers"], r["params"]["per_worker"]
         lines += [
             "",
-            f"Loop: {w} workers x {n} runs each:",
+            f"Loop: {w} workers x {n} runs each; CPU ms per acquisition (clients + daemon):",
             "",
-            "| command | acquisitions/s | wall s | failed |",
-            "| --- | ---: | ---: | ---: |",
+            "| | " + " | ".join(f"{s['processes']:,} processes" for s in sizes) + " |",
+            "| --- |" + " ---: |" * len(sizes),
         ]
         for name in ("npu-hold -- true", "flock -x LOCK true"):
-            x = lp[name]
-            lines.append(f"| `{name}` | {x['per_s']} | {x['wall_s']} | {x['failed']} |")
-        g = lp["daemon_handoff_ms"]
-        if g:
-            lines += ["", f"Daemon handoff in the loop (session_ending -> next granted, "
-                      f"{len(g)} gaps): p50 {median(g):.2f} ms, p99 {percentile(g, 99):.2f} ms, "
-                      f"max {max(g):.2f} ms"]  # fmt: skip
+            cells = [
+                f"{s['loop'][name]['per_s']}/s, {s['loop'][name]['failed']} failed, "
+                f"{s['loop'][name]['cpu_ms_per_acquisition']} ms CPU"
+                for s in sizes
+            ]
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+        cells = []
+        for s in sizes:
+            g = s["loop"]["daemon_handoff_ms"]
+            cells.append(f"p50 {median(g):.2f}, p99 {percentile(g, 99):.2f} ms" if g else "-")
+        lines.append("| daemon handoff (ending -> next granted) | " + " | ".join(cells) + " |")
+        cells = [
+            ", ".join(f"{k} {v}" for k, v in sorted(s["loop"]["checks"].items())) for s in sizes
+        ]
+        lines.append("| grants by what proved the device empty | " + " | ".join(cells) + " |")
+        cells = [
+            "; ".join(f"{k}: {v}" for k, v in sorted(s["loop"]["scan_why"].items())) or "-"
+            for s in sizes
+        ]
+        lines.append("| why a grant scanned | " + " | ".join(cells) + " |")
+    if len(sizes) > 1:
+        first, last = sizes[0], sizes[-1]
+        lines += ["", f"At {last['processes']:,} processes against {first['processes']:,}:"]
+        if "start" in first:
+            for name in (
+                "npu-hold -- true (node-backed class)",
+                "hold run -- true (no config file)",
+            ):
+                a, b = median(first["start"][name]), median(last["start"][name])
+                lines.append(f"- `{name}`: {b / a:.2f}x the time")
+        if "loop" in first:
+            a = first["loop"]["npu-hold -- true"]["per_s"]
+            b = last["loop"]["npu-hold -- true"]["per_s"]
+            lines.append(f"- the loop of `npu-hold -- true`: {b / a:.2f}x the rate")
     if "handoff_ms" in r:
         n = len(next(iter(r["handoff_ms"].values())))
-        lines += ["", f"Handoff, {n} gaps each:", "", "| method | p50 ms | p99 ms | max ms |",
-                  "| --- | ---: | ---: | ---: |"]  # fmt: skip
+        lines += [
+            "",
+            f"Handoff, {n} gaps each:",
+            "",
+            "| method | p50 ms | p99 ms | max ms |",
+            "| --- | ---: | ---: | ---: |",
+        ]
         for name, v in r["handoff_ms"].items():
             lines.append(f"| {name} | {median(v):.2f} | {percentile(v, 99):.2f} | {max(v):.2f} |")
     if "idle" in r:
         i = r["idle"]
-        lines += ["", f"Idle daemon with 5 leases: {i['cpu_ms']} ms CPU in {i['seconds']:g} s; "
-                  f"RSS {i['rss_mb']} MB"]  # fmt: skip
+        lines += [
+            "",
+            f"Idle daemon with 5 leases: {i['cpu_ms']} ms CPU in {i['seconds']:g} s; "
+            f"RSS {i['rss_mb']} MB",
+        ]
     return "\n".join(lines)
 
 
