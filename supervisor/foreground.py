@@ -169,6 +169,8 @@ class Foreground:
                 leaf=self.leaf,
                 adopts_orphans=self.leaf is None,
                 owned=owned_pids(),
+                # Spawned into it: its looks read the leaf, not every process.
+                born_in_leaf=self.leaf is not None,
             )
             if self.interactive:
                 self._give_terminal(child.pid)

@@ -24,7 +24,15 @@ And a walk can miss a process that forks and exits while it reads /proc, so
 two consecutive looks found nobody, and the survivor check answers only when
 two consecutive looks agree (at most ``LOOKS`` looks; if they never agree,
 the last one that found anyone is the answer -- seen and then not seen is
-not proven gone).
+not proven gone). The second of two looks that find nobody reads only what
+is new since the first: a tree that has ended costs one walk.
+
+A tree born in its leaf (``hold run``'s command: :attr:`Tree.leaf_only`) is
+not walked for at all: its members are the leaf's ``cgroup.procs`` (and the
+root, until it is in), "nobody" is ``populated 0``, and the stop of a tree
+that held no file and no port reads nothing outside the leaf, however many
+processes the machine runs. Only the holders of what it held take a walk
+(see :func:`~supervisor.survivors.check_survivors`).
 
 The survivor check signals only **members** (cgroup leaf, root, group or
 session, descent, adoption, the marker). A process found *only* because it
@@ -53,7 +61,6 @@ from supervisor import procscan
 from supervisor.identity import AccessDenied, Handle, NoSuchProcess, ProcessId, Stat
 from supervisor.survivors import (
     Holder,
-    Look,
     Nodes,
     Ports,
     StopReport,
@@ -63,7 +70,7 @@ from supervisor.survivors import (
     command_of,
     look_again,
 )
-from supervisor.tree import Member, Tree
+from supervisor.tree import Look, Member, Tree
 
 _KILL_WAIT = 2.0  # seconds to wait for SIGKILLed processes to disappear
 _WALK_ROUNDS = 50  # freeze-and-walk gives up looking for new members after this
@@ -176,7 +183,9 @@ def _own_group(tree: Tree, procs: dict[int, Stat], members: dict[int, Member]) -
     ours, none another user's where the tree has a uid limit); a live member
     also keeps the number from being reused by another group meanwhile.
     """
-    if tree.pgid is None:
+    if tree.pgid is None or tree.leaf_only:
+        # (A leaf's look read no one outside it: the group's other processes
+        # are unknown.)
         return None
     in_group = {st.pid for st in procs.values() if st.pgrp == tree.pgid and not st.is_dead}
     if in_group and in_group <= members.keys():
@@ -250,10 +259,12 @@ def stop_tree(
         report.grace_used = time.monotonic() - t0
         report.outcome = "exited"
 
-    # 3. Kill what is left.
-    if members:
+    # 3. Kill what is left -- in a leaf, also what its look could not name
+    # (cgroup.procs lists a zombie leader whose threads still run).
+    if members or (tree.leaf_only and tree.leaf is not None and tree.leaf.populated()):
         report.outcome = "killed"
         report.killed = _kill(tree, members)
+        settled = None
 
     # 4. Survivor check, escalated once, and only ever at members.
     check = survivors if survivors is not None else _survivors

@@ -23,12 +23,10 @@ from supervisor.identity import (
     read_cmdline,
     user_name,
 )
+from supervisor.tree import Look as Look  # one look, as the tests and stop.py name it
 from supervisor.tree import Member, Tree
 
 LOOKS = 6  # the most looks the survivor check takes to get two that agree
-
-# One look: the processes read, and the members among them.
-Look = tuple[dict[int, Stat], dict[int, Member]]
 
 # What the tree held: its nodes by key, and its listening ports (proto, port).
 Nodes = dict[tuple[int, int], procscan.Node]
@@ -137,13 +135,13 @@ class StopReport:
 
 
 def look_again(tree: Tree, look: Look) -> Look:
-    """The look after ``look``. With a leaf (and no uid limit), where the leaf
-    says who is inside and the walk only looks for escapees, one that found
-    nobody is confirmed by reading what is new since (see :meth:`Tree.look`):
-    a stop of such a tree costs one read of every process, not two. Without,
-    the walk is the tree, and every look reads everything again."""
-    if tree.contained and not look[1]:
-        return tree.look(after=look[0])
+    """The look after ``look``. One that found nobody is confirmed by reading
+    only what is new since (see :meth:`Tree.look`): a stop of a tree that had
+    ended costs one read of every process, not two. For a tree born in its
+    leaf, nobody was already the kernel's word (``populated 0``, and an empty
+    leaf gains no process by a fork): ``look`` itself, nothing read."""
+    if not look[1]:
+        return look if tree.leaf_only else tree.look(after=look[0])
     return tree.look()
 
 
@@ -161,11 +159,42 @@ def check_survivors(
     :mod:`supervisor.stop`'s docstring), so that "none" means none; or
     ``settled``, the last of two looks that found none, when nothing was
     signalled after them.
+
+    Holders are looked for only where the tree held something (``nodes``,
+    or one of ``ports`` still listening). For a tree born in its leaf, whose
+    looks read no process outside it, that takes one walk of /proc then:
+    once the leaf is empty, anyone may still hold what the tree held (a
+    descriptor passed over a Unix socket, the same file opened again, the
+    port bound again), and only the descriptors of every process say who.
     """
     procs, found = settled if settled is not None else _agreed(tree)
     out: dict[ProcessId, str] = {m.ident: "+".join(m.found_by) for m in found.values()}
+    if not nodes and not ports:
+        return out, []
+    memo: list[list[int]] = []
+
+    def candidates() -> list[int]:
+        if not memo:
+            everyone = {**procscan.snapshot(), **procs} if tree.leaf_only else procs
+            memo.append(_younger(tree, everyone, found))
+        return memo[0]
+
+    holders = []
+    if nodes:
+        holders = [
+            _holder(pid, f"holds {node.path}")
+            for pid, node in sorted(procscan.holders_of(set(nodes), candidates()).items())
+        ]
+    if ports:
+        holders += _port_holders(ports, candidates)
+    return out, holders
+
+
+def _younger(tree: Tree, procs: dict[int, Stat], found: dict[int, Member]) -> list[int]:
+    """The live processes of ``procs`` that started at or after the tree's root,
+    other than members and those never to count (see :meth:`Tree.protected`)."""
     protected = tree.protected(procs)
-    younger = [
+    return [
         st.pid
         for st in procs.values()
         if st.starttime >= tree.since
@@ -173,13 +202,6 @@ def check_survivors(
         and st.pid not in protected
         and st.pid not in found
     ]
-    holders = [
-        _holder(pid, f"holds {node.path}")
-        for pid, node in sorted(procscan.holders_of(set(nodes), younger).items())
-    ]
-    if ports:
-        holders += _port_holders(ports, younger)
-    return out, holders
 
 
 def _agreed(tree: Tree) -> Look:
@@ -200,15 +222,16 @@ def _agreed(tree: Tree) -> Look:
     return procs, found
 
 
-def _port_holders(ports: Ports, younger: list[int]) -> list[Holder]:
+def _port_holders(ports: Ports, younger: Callable[[], list[int]]) -> list[Holder]:
     """Who still listens on one of ``ports``: the younger owners we can see, and
-    the ports whose owner nobody we may inspect is (without a pid)."""
+    the ports whose owner nobody we may inspect is (without a pid). ``younger``
+    is asked only where a port still listens."""
     listening = procscan.listeners()
     still = {i: ln for i, ln in listening.items() if (ln.proto, ln.port) in ports}
     if not still:
         return []
     holders: list[Holder] = []
-    owners = procscan.socket_owners(set(still), younger)
+    owners = procscan.socket_owners(set(still), younger())
     for inode, pid in sorted(owners.items(), key=lambda kv: kv[1]):
         ln = still[inode]
         holders.append(_holder(pid, f"listens on {ln.proto}/{ln.port}"))

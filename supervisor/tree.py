@@ -20,7 +20,13 @@ takes write access to a cgroup above it -- root's, or the delegating user's,
 nothing a tree gains by forking -- but root has it: a process of a root tree
 can write its own pid into another cgroup's ``cgroup.procs``. So a *stop*
 looks with :meth:`Tree.look`, which also walks /proc for the marker, the
-group, the session and descent from a member, and finds such a process.
+group, the session and descent from a member, and finds such a process --
+except for a tree **born in its leaf** (``born_in_leaf``: ``hold run``'s
+command, spawned into the leaf before its first instruction): its looks read
+the leaf and the root only, never every process of the machine, so that a
+run costs the same on a busy machine (issue 21). Such a tree gives up only
+a member that moved itself out of the leaf on purpose (what root can do, it
+can also do by ``systemd-run`` or ``nsenter``, which no walk follows).
 
 The marker is used to *find* processes, never to authorise anything: a
 process can put any text it likes in its environment, so the most a forged
@@ -38,7 +44,10 @@ from supervisor import procscan
 from supervisor.cgroup import Leaf
 from supervisor.environ import MARKER
 from supervisor.identity import ProcessId, Stat
-from supervisor.proccache import ProcCache
+from supervisor.proccache import ProcCache, listing
+
+# One look: the processes read, and the members among them.
+Look = tuple[dict[int, Stat], dict[int, "Member"]]
 
 # How often a look reads the pids that appeared while it walked /proc.
 _TOP_UPS = 4
@@ -71,10 +80,13 @@ class Tree:
     ``seen`` remembers every member ever found, to find their descendants
     after the process between them has exited. ``cache``: looks may skip the
     processes it proves older than the root (:mod:`supervisor.proccache`).
+    ``born_in_leaf``: the root was spawned into ``leaf`` (before its first
+    instruction), so the leaf and the root are the whole tree and no look
+    walks /proc (see :attr:`leaf_only`).
     """
 
-    __slots__ = ("adopts_orphans", "cache", "leaf", "owned", "pgid", "root", "seen", "sid",
-                 "since", "spare", "tree_id", "uid")  # fmt: skip
+    __slots__ = ("_inos", "adopts_orphans", "born_in_leaf", "cache", "leaf", "owned", "pgid",
+                 "root", "seen", "sid", "since", "spare", "tree_id", "uid")  # fmt: skip
 
     def __init__(
         self,
@@ -89,6 +101,7 @@ class Tree:
         uid: int | None = None,
         spare: frozenset[int] = frozenset(),
         cache: ProcCache | None = None,
+        born_in_leaf: bool = False,
     ) -> None:
         if root is not None:
             since = root.starttime
@@ -106,6 +119,10 @@ class Tree:
         self.owned = owned
         self.seen: set[ProcessId] = set()
         self.cache = cache
+        self.born_in_leaf = born_in_leaf
+        # /proc as the last walk listed it (inode numbers by name): a
+        # confirming look reads only what is new since, or a reused pid.
+        self._inos: dict[str, int] = {}
 
     @property
     def marker(self) -> bytes:
@@ -115,6 +132,12 @@ class Tree:
     def contained(self) -> bool:
         """True when the cgroup leaf alone says who the members are."""
         return self.leaf is not None and self.uid is None and not self.spare
+
+    @property
+    def leaf_only(self) -> bool:
+        """True when every look reads the leaf and the root alone (no walk of /proc):
+        a contained tree born in its leaf."""
+        return self.born_in_leaf and self.contained
 
     def members(self, procs: dict[int, Stat] | None = None) -> dict[int, Member]:
         """Live (non-zombie) members now, each with how it was found.
@@ -126,14 +149,12 @@ class Tree:
         """
         if procs is None:
             if self.contained:
-                return self._leaf_members()
+                return self._leaf_look()[1]
             return self.look()[1]
         marked = {st.pid for st in procs.values() if self._carries_marker(st)}
         return self._members(procs, marked, everywhere=False)
 
-    def look(
-        self, after: dict[int, Stat] | None = None
-    ) -> tuple[dict[int, Stat], dict[int, Member]]:
+    def look(self, after: dict[int, Stat] | None = None) -> Look:
         """One look by every means: (the processes read, the members among them).
 
         For a stop and its survivor check. Unlike :meth:`members`, a
@@ -155,35 +176,61 @@ class Tree:
         member is only ever made by a member's fork -- so this confirms that
         look for the price of a listing of /proc, not a read of every process.
 
+        A pid of ``after`` that /proc now lists under another inode number
+        is read again: it may be a new process that reused the pid (see
+        :mod:`supervisor.proccache`). So in walk mode too, a stop whose first
+        look found nobody reads every process once, not twice.
+
         With a ``cache`` (and a root in a session of its own), what it proves
         older than the root is not read at all, nor returned: see
         :meth:`_cached_look`.
+
+        A tree born in its leaf (:attr:`leaf_only`) is not walked for: the
+        processes read are its members (see :meth:`_leaf_look`), and
+        ``after`` changes nothing.
         """
+        if self.leaf_only:
+            return self._leaf_look()
         if self.cache is not None:
             look = self._cached_look(self.cache, after)
             if look is not None:
                 return look
-        if after is None:
-            procs = procscan.snapshot()
-            marked = {st.pid for st in procs.values() if self._carries_marker(st)}
-        else:
-            procs, marked = dict(after), set()
+        # Since 0: every process is read (or, after a look, what is new since).
+        procs, marked = self._walk(after)
+        return procs, self._members(procs, marked, everywhere=True)
+
+    def _walk(self, after: dict[int, Stat] | None) -> tuple[dict[int, Stat], set[int]]:
+        """The processes now, and those among them that carry the marker: every
+        one read, or with ``after`` only those new since (or under a new inode
+        number); then what appeared meanwhile, each read at once (stat, then
+        marker), until a listing shows nothing new (at most ``_TOP_UPS`` times)."""
+        procs: dict[int, Stat] = {} if after is None else dict(after)
+        marked: set[int] = set()
+
+        def read(pid: int) -> None:
+            st = procscan.stat_of(pid)
+            if st is not None:
+                procs[pid] = st
+                if self._carries_marker(st):
+                    marked.add(pid)
+
+        listed = listing()
+        known = self._inos if after is not None else {}
+        for name, ino in listed.items():
+            if name.isdigit() and (int(name) not in procs or known.get(name) != ino):
+                read(int(name))
+        self._inos = listed
+        # The top-ups list by os.listdir, several times faster than a listing
+        # with inode numbers: a fork loop's generation lives about as long.
         for _ in range(_TOP_UPS):
             new = [pid for pid in procscan.pids() if pid not in procs]
             if not new:
                 break
             for pid in new:
-                st = procscan.stat_of(pid)
-                if st is None:
-                    continue
-                procs[pid] = st
-                if self._carries_marker(st):
-                    marked.add(pid)
-        return procs, self._members(procs, marked, everywhere=True)
+                read(pid)
+        return procs, marked
 
-    def _cached_look(
-        self, cache: ProcCache, after: dict[int, Stat] | None
-    ) -> tuple[dict[int, Stat], dict[int, Member]] | None:
+    def _cached_look(self, cache: ProcCache, after: dict[int, Stat] | None) -> Look | None:
         """A look that reads only the processes ``cache`` cannot prove older than
         the root; None where it may not answer.
 
@@ -277,7 +324,20 @@ class Tree:
             out[pid] = Member(ident, st.comm, tuple(dict.fromkeys(why)))
         return out
 
-    def _leaf_members(self) -> dict[int, Member]:
+    def _leaf_look(self) -> Look:
+        """The leaf's live processes (below it too) and the root, until its stub
+        has written it into the leaf: (their stats, them as members). Nobody
+        only where ``cgroup.events`` agrees: reading ``cgroup.procs`` is not
+        atomic against a fork, the kernel's ``populated`` count is."""
+        assert self.leaf is not None
+        look = self._leaf_members()
+        for _ in range(_TOP_UPS):
+            if look[1] or not self.leaf.populated():
+                break
+            look = self._leaf_members()
+        return look
+
+    def _leaf_members(self) -> Look:
         assert self.leaf is not None
         found = {pid: ["cgroup"] for pid in self.leaf.pids()}
         if self.root is not None:
@@ -285,6 +345,7 @@ class Tree:
             found.setdefault(self.root.pid, []).append("root")
         me = os.getpid()
         protected = {me} | {st.pid for st in procscan.ancestors(me)}
+        procs: dict[int, Stat] = {}
         out: dict[int, Member] = {}
         for pid, why in found.items():
             st = procscan.stat_of(pid)
@@ -294,8 +355,9 @@ class Tree:
                 continue  # the root is gone and its pid reused
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)
+            procs[pid] = st
             out[pid] = Member(ident, st.comm, tuple(why))
-        return out
+        return procs, out
 
     def protected(self, procs: dict[int, Stat]) -> set[int]:
         """Pids never to count as members: this process, its ancestors, and what is spared."""
