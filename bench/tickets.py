@@ -204,6 +204,8 @@ def daemon_handoffs(log: Path, since: float) -> list[float]:
     ending: dict[str, float] = {}  # class -> when its last lease began to end
     cls_of: dict[str, str] = {}  # session -> class
     for line in log.read_text().splitlines():
+        if not line.startswith("{"):
+            continue  # the daemon's stderr shares its log (a message before it served)
         ev = json.loads(line)
         ts = datetime.datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
         if ts < since:
@@ -264,6 +266,8 @@ def grant_checks(log: Path, since: float) -> tuple[dict[str, int], dict[str, int
     checks: dict[str, int] = {}
     why: dict[str, int] = {}
     for line in log.read_text().splitlines():
+        if not line.startswith("{"):
+            continue  # the daemon's stderr shares its log (a message before it served)
         ev = json.loads(line)
         ts = datetime.datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
         if ts < since:

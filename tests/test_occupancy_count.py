@@ -63,6 +63,8 @@ def checks(state: Path) -> list[str]:
     """What proved the device empty for each grant so far, in order (the daemon's log)."""
     out = []
     for line in (state / "daemon.log").read_text().splitlines():
+        if not line.startswith("{"):
+            continue  # the daemon's stderr shares its log (a message before it served)
         ev = json.loads(line)
         if ev.get("event") == "granted":
             out.append(ev["check"])
