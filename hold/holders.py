@@ -18,6 +18,7 @@ question (:mod:`hold.audit`); whether a device is empty, the daemon's
 
 from __future__ import annotations
 
+import gc
 import glob
 import marshal
 import os
@@ -285,7 +286,16 @@ def fork_count(n: int) -> int:
 
 
 def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
-    """``todo`` read in :func:`fork_count` processes; each share's result.
+    """``todo`` read in :func:`fork_count` processes; what each found.
+
+    The pids go out in batches from a queue that every process (this one
+    too) takes from as it goes, so that a worker the scheduler holds back
+    (a busy machine) leaves more to the others instead of keeping everyone
+    waiting. The queue is a pipe filled before the first fork: a read of
+    one 4-byte batch number is atomic between readers, and its end (no
+    writer left) tells each reader it is done. Every process answers with
+    the batches it finished; a batch nobody answered for (its worker could
+    not start, or died) is read here afterwards.
 
     The workers are forked, not spawned: they start in well under a
     millisecond with the matcher already built, and run nothing but system
@@ -293,40 +303,58 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
     this process could hold), then ``_exit`` (no atexit, no stdio flush).
     """
     n = fork_count(len(todo))
-    shares = [todo[i::n] for i in range(n)]  # interleaved: big processes spread out
-    kids: dict[int, tuple[int, list[int]]] = {}  # worker pid -> (its pipe, its share)
-    mine = [shares[0]]
+    if n == 1:
+        return [_work(matcher, todo)]
+    size = -(-len(todo) // (n * BATCHES_PER_FORK))
+    batches = [todo[i : i + size] for i in range(0, len(todo), size)]
+    queue, fill = os.pipe()
+    try:  # at most MAX_FORKS * BATCHES_PER_FORK * 4 bytes: never more than the pipe holds
+        os.write(fill, b"".join(i.to_bytes(4, "little") for i in range(len(batches))))
+    finally:
+        os.close(fill)
+    kids: dict[int, int] = {}  # worker pid -> the pipe of its answer
     parts: list[_Part] = []
+    done: set[int] = set()
+    # The scan makes no cycles, yet its allocations would start the
+    # collector's passes over every object this process has (a few percent).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        for share in shares[1:]:
+        for _ in range(n - 1):
             try:
                 r, w = os.pipe()
             except OSError:
-                mine.append(share)
-                continue
+                break
             try:
                 pid = os.fork()
             except OSError:  # at the process limit (EAGAIN), or out of memory
                 os.close(r)
                 os.close(w)
-                mine.append(share)
-                continue
+                break
             if pid == 0:
                 os.close(r)
-                _worker(matcher, share, w)
+                _worker(matcher, batches, queue, w)
             os.close(w)
-            kids[pid] = (r, share)
-        parts += [_work(matcher, share) for share in mine]
+            kids[pid] = r
+        part, mine = _drain(matcher, batches, queue)
+        parts.append(part)
+        done.update(mine)
         for pid in list(kids):
-            r, share = kids[pid]
-            data = _read_all(r)
-            os.close(r)
+            data = _read_all(kids[pid])
+            os.close(kids.pop(pid))
             _, status = os.waitpid(pid, 0)
-            del kids[pid]
-            part = _decode(data) if status == 0 else None
-            parts.append(part if part is not None else _work(matcher, share))
+            answer = _decode(data) if status == 0 else None
+            if answer is not None:
+                parts.append(answer[0])
+                done.update(answer[1])
+        left = [p for i, batch in enumerate(batches) if i not in done for p in batch]
+        if left:
+            parts.append(_work(matcher, left))
     finally:
-        for pid, (r, _) in kids.items():  # only on an exception here (^C)
+        os.close(queue)
+        if collecting:
+            gc.enable()
+        for pid, r in kids.items():  # only on an exception here (^C)
             os.close(r)
             try:
                 os.kill(pid, 9)  # SIGKILL (the signal module's enums are not imported for this)
@@ -336,11 +364,31 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
     return parts
 
 
-def _worker(matcher: _Matcher, share: list[int], w: int) -> NoReturn:
+BATCHES_PER_FORK = 8  # batches in the queue per process: small enough to even out, few reads
+
+
+def _drain(matcher: _Matcher, batches: list[list[int]], queue: int) -> tuple[_Part, list[int]]:
+    """Batches taken from ``queue`` until it is empty: what they held, and which they were."""
+    holders: list[Holder] = []
+    denied = 0
+    empty: list[int] = []
+    done: list[int] = []
+    while len(b := os.read(queue, 4)) == 4:
+        i = int.from_bytes(b, "little")
+        found, no, none = _work(matcher, batches[i])
+        holders += found
+        denied += no
+        empty += none
+        done.append(i)
+    return (holders, denied, empty), done
+
+
+def _worker(matcher: _Matcher, batches: list[list[int]], queue: int, w: int) -> NoReturn:
     code = 1
     try:
-        holders, denied, empty = _work(matcher, share)
-        view = memoryview(marshal.dumps(([tuple(h) for h in holders], denied, empty)))
+        (holders, denied, empty), done = _drain(matcher, batches, queue)
+        answer = ([tuple(h) for h in holders], denied, empty, done)
+        view = memoryview(marshal.dumps(answer))
         while view:
             view = view[os.write(w, view) :]
         code = 0
@@ -355,11 +403,13 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _decode(data: bytes) -> _Part | None:
-    """A worker's answer, or None if it is not one (the share is then read again)."""
+def _decode(data: bytes) -> tuple[_Part, list[int]] | None:
+    """A worker's answer (what it found, the batches it read), or None if it is
+    not one: its batches are then read again."""
     try:
-        raw, denied, empty = marshal.loads(data)
-        return [Holder(*t) for t in raw], int(denied), [int(p) for p in empty]
+        raw, denied, empty, done = marshal.loads(data)
+        part = [Holder(*t) for t in raw], int(denied), [int(p) for p in empty]
+        return part, [int(i) for i in done]
     except (EOFError, ValueError, TypeError):
         return None
 

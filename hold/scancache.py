@@ -26,7 +26,6 @@ thousand processes that is longer than the window.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterable
 
@@ -88,6 +87,8 @@ class ScanCache:
     """Processes read holding none of a scan's nodes, per set of nodes (see above)."""
 
     def __init__(self, window: float = WINDOW) -> None:
+        import threading  # here: hold audit, which imports this module, needs no thread (1 ms)
+
         self.window = window
         self._lock = threading.Lock()  # scans run in the daemon's worker threads
         # targets -> pid -> (when it was read, the pid cursor before the read)

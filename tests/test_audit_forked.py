@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,18 +80,15 @@ def test_forked_scan_finds_descriptors_and_mappings(
 
 
 @pytest.mark.parametrize("failure", ["fork", "worker"])
-def test_a_share_whose_worker_failed_is_read_here(
-    tmp_path: Path,
-    procs: Procs,
-    forks: list[int],
-    monkeypatch: pytest.MonkeyPatch,
-    failure: str,
+def test_batches_whose_worker_failed_are_read_here(
+    tmp_path: Path, procs: Procs, forks: list[int], monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
     nodes = fake_nodes(tmp_path)
     by_fd = procs.holder("fd", nodes[0])["holder"]
     by_map = procs.holder("mmap", nodes[1])["holder"]
     tgts = targets_of(nodes)
     want = found(holders.scan(tgts, threads=1))
+    stolen = tmp_path / "stolen"
     if failure == "fork":
 
         def no_fork() -> int:
@@ -99,13 +96,23 @@ def test_a_share_whose_worker_failed_is_read_here(
 
         monkeypatch.setattr(os, "fork", no_fork)
     else:
-        # Each worker dies before it answers (as if killed): nothing it read counts.
-        die: Callable[..., None] = lambda *_: os._exit(9)  # noqa: E731
-        monkeypatch.setattr(holders, "_worker", die)
+
+        def dies(_m: object, _b: object, queue: int, _w: int) -> None:
+            # Takes every batch it can from the queue, then dies without an
+            # answer (as if killed): what it took must be read again.
+            n = 0
+            while os.read(queue, 4):
+                n += 1
+            with open(stolen, "a") as f:
+                f.write(f"{n}\n")
+            os._exit(9)
+
+        monkeypatch.setattr(holders, "_worker", dies)
     spread = holders.scan(tgts, forks=True)
     assert {(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= found(spread) == want
     if failure == "worker":
         assert len(forks) == 7
+        assert sum(map(int, stolen.read_text().split())) > 0
 
 
 SCAN_AS = """
