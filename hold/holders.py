@@ -22,6 +22,7 @@ import gc
 import glob
 import marshal
 import os
+import signal
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -312,6 +313,7 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
         os.write(fill, b"".join(i.to_bytes(4, "little") for i in range(len(batches))))
     finally:
         os.close(fill)
+    me = os.getpid()
     kids: dict[int, int] = {}  # worker pid -> the pipe of its answer
     parts: list[_Part] = []
     done: set[int] = set()
@@ -325,15 +327,21 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
                 r, w = os.pipe()
             except OSError:
                 break
+            # Signals wait until the worker is inside its own try (a ^C in
+            # between would unwind it through this function, as if it were
+            # this process); CPython's fork clears what was pending already.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
             try:
                 pid = os.fork()
             except OSError:  # at the process limit (EAGAIN), or out of memory
                 os.close(r)
                 os.close(w)
                 break
+            finally:
+                if os.getpid() == me:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if pid == 0:
-                os.close(r)
-                _worker(matcher, batches, queue, w)
+                _worker(matcher, batches, queue, (r, w), mask)
             os.close(w)
             kids[pid] = r
         part, mine = _drain(matcher, batches, queue)
@@ -357,7 +365,7 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
         for pid, r in kids.items():  # only on an exception here (^C)
             os.close(r)
             try:
-                os.kill(pid, 9)  # SIGKILL (the signal module's enums are not imported for this)
+                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
             except OSError:
                 pass
@@ -383,9 +391,20 @@ def _drain(matcher: _Matcher, batches: list[list[int]], queue: int) -> tuple[_Pa
     return (holders, denied, empty), done
 
 
-def _worker(matcher: _Matcher, batches: list[list[int]], queue: int, w: int) -> NoReturn:
+def _worker(
+    matcher: _Matcher,
+    batches: list[list[int]],
+    queue: int,
+    answer_pipe: tuple[int, int],
+    mask: Iterable[int],
+) -> NoReturn:
+    """A forked worker: batches from ``queue`` until it is empty, the answer into
+    the pipe, exit; whatever happens (^C included), it never returns."""
     code = 1
     try:
+        os.close(answer_pipe[0])
+        w = answer_pipe[1]
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         (holders, denied, empty), done = _drain(matcher, batches, queue)
         answer = ([tuple(h) for h in holders], denied, empty, done)
         view = memoryview(marshal.dumps(answer))

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import as_user
+from conftest import as_user, wait_for
 from test_audit import Procs, fake_nodes, open_to_others, user_holder, user_python
 
 from hold import holders
@@ -97,7 +100,7 @@ def test_batches_whose_worker_failed_are_read_here(
         monkeypatch.setattr(os, "fork", no_fork)
     else:
 
-        def dies(_m: object, _b: object, queue: int, _w: int) -> None:
+        def dies(_m: object, _b: object, queue: int, _pipe: object, _mask: object) -> None:
             # Takes every batch it can from the queue, then dies without an
             # answer (as if killed): what it took must be read again.
             n = 0
@@ -148,6 +151,58 @@ def test_forked_workers_count_what_they_may_not_read(
         assert roots not in doc[name]["holders"], doc
         assert doc[name]["not_inspected"] > 0, doc
     assert doc["spread"]["holders"] == doc["one"]["holders"]
+
+
+INTERRUPTED = """
+import os, sys
+from hold import holders
+from hold.devices import DeviceClass
+holders.PER_FORK = 1
+os.sched_getaffinity = lambda _pid: set(range(8))
+tgts = holders.targets({"fake": DeviceClass("fake", (sys.argv[1],))})
+print("scanning", flush=True)
+try:
+    while True:
+        holders.scan(tgts, forks=True)
+except KeyboardInterrupt:
+    print("interrupted", os.getpid(), flush=True)
+"""
+
+
+def test_a_ctrl_c_ends_the_workers_and_reaches_only_the_caller(tmp_path: Path) -> None:
+    """^C at a terminal goes to the whole group, workers too: each must end (never
+    unwind into its parent's code, as a second caller), and the caller gets it."""
+    node = fake_nodes(tmp_path, 1)[0]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED, str(node)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "scanning\n"
+        for _ in range(20):  # land some of them while workers run
+            time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
+            if proc.poll() is not None:
+                break
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert out.splitlines() == [f"interrupted {proc.pid}"]
+    wait_for(lambda: not _group(proc.pid), 10, 0.05, "the workers' end")
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of the process group ``pgid``."""
+    out = []
+    for pid in procscan.pids():
+        st = procscan.stat_of(pid)
+        if st is not None and st.pgrp == pgid and not st.is_dead:
+            out.append(pid)
+    return out
 
 
 def test_stats_reads_only_what_is_asked() -> None:
