@@ -205,6 +205,7 @@ def build_report(
     leases = live_leases(sd)
     ended = ended_leases(sd)
     mem = device_memory(result.holders, nvml.result if nvml is not None else None)
+    users: dict[int, str] = {}  # each uid looked up once (NSS reads /etc/passwd per call)
     rows = []
     for h, shared in sorted(one_row_per_device(result.holders),
                             key=lambda r: (r[0].cls, -1 if r[0].unit is None else r[0].unit,
@@ -214,11 +215,13 @@ def build_report(
         else:
             v = attribute(h, leases, procs, ended)
         d = details(h.pid)
+        if h.uid not in users:
+            users[h.uid] = user_name(h.uid)
         rows.append({
             "device": h.cls if h.unit is None else f"{h.cls}:{h.unit}",
             "cls": h.cls, "index": h.unit, "node": h.node, "how": h.how,
             "shared_nodes": shared,
-            "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": user_name(h.uid),
+            "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": users[h.uid],
             "command": d.command,
             "age_s": None if d.age_s is None else round(d.age_s, 1),
             "rss_bytes": d.rss_bytes,

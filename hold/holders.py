@@ -217,8 +217,6 @@ def scan(
     cores and processes do. A worker that cannot be started, or dies, leaves
     its share to this process: the result is the same either way.
     """
-    import threading
-
     t0 = time.monotonic()
     me = os.getpid()
     kernel = kernel_threads() if pids is None else frozenset()
@@ -233,6 +231,8 @@ def scan(
     if forks:
         results += _forked(matcher, todo)
     else:
+        import threading  # only here: hold audit forks and needs no thread (1 ms)
+
         threads = threads or max(1, min(4, os.cpu_count() or 1, len(todo) // PER_THREAD))
         chunks: list[list[int]] = [todo[i::threads] for i in range(threads)]
         workers = [
@@ -462,14 +462,15 @@ def details(pid: int) -> Details:
         command = read_cmdline(pid)
         start = read_stat(pid).starttime
         statm = read_proc(f"/proc/{pid}/statm").split()
-        with open("/proc/uptime", "rb") as f:  # not btime: that is rounded to seconds
-            uptime = float(f.read().split()[0])
     except NoSuchProcess:
         return Details("(exited)", None, None)
     except (AccessDenied, PermissionError):
         return Details("(not readable)", None, None)
     if len(statm) < 2:
         return Details("(exited)", None, None)
+    # The start time counts from boot as CLOCK_BOOTTIME does (both as this pid
+    # namespace's time namespace sees them); not btime: that is rounded to seconds.
+    uptime = time.clock_gettime(time.CLOCK_BOOTTIME)
     age = max(0.0, uptime - start / os.sysconf("SC_CLK_TCK"))
     return Details(command, age, int(statm[1]) * os.sysconf("SC_PAGE_SIZE"))
 
