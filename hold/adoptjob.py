@@ -168,6 +168,10 @@ class Job:
         for fd in (self.handle.fd, wake, client.fileno()):
             poller.register(fd, select.POLLIN)
         deadline = time.monotonic() + (expires - time.time())
+        if client.events:  # told while the tree was registered: no byte will wake the poll
+            ev = daemon_event(client, self.say)
+            if ev is not None:
+                return Cause(ev[0], detail=ev[1])
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -177,7 +181,9 @@ class Job:
             if walked and not ready:
                 self.tree.look()  # who is in it now, found again after its root exits
                 self.tree.forget_dead()
-            for fd, _ in ready:
+            # The daemon's word first: a release or an expiry stops the job, and
+            # when both are ready in one poll the job's exit is its consequence.
+            for fd, _ in sorted(ready, key=lambda r: r[0] != client.fileno()):
                 if fd == self.handle.fd:
                     return Cause("exited", detail=f"pid {self.root.pid} ended")
                 if fd == wake:

@@ -50,6 +50,7 @@ class Client:
         self.sock = sock
         self.buf = LineBuffer()
         self.pending: list[Message] = []
+        self.events: list[Message] = []  # about our lease, come while a request waited
         self.session: str | None = None
         self.info: Message = {}  # what the daemon said when the session opened
         # The kernel locks of our lease's devices, shared with the daemon (see
@@ -171,20 +172,29 @@ class Client:
         except OSError:
             data = b""
         if data == b"":
-            out, self.pending = self.pending, []
+            out, self.pending, self.events = self.events + self.pending, [], []
             return out or None
         if data:
             self.pending.extend(self.buf.feed(data))
-        out, self.pending = self.pending, []
+        out, self.pending, self.events = self.events + self.pending, [], []
         return out
 
     def request(self, msg: Message, timeout: float = 10.0) -> Message:
-        """Send one message and return the first answer."""
+        """Send one message and return its answer.
+
+        What the daemon says of our lease meanwhile (expired, released: it
+        may come before the answer) is not the answer: it is kept for
+        :meth:`read_available`, where the lease's holder looks for it.
+        """
         self.send(msg)
-        ans = self.recv(time.monotonic() + timeout)
-        if ans is None:
-            raise DaemonUnreachable("the daemon closed the connection")
-        return ans
+        deadline = time.monotonic() + timeout
+        while True:
+            ans = self.recv(deadline)
+            if ans is None:
+                raise DaemonUnreachable("the daemon closed the connection")
+            if not _about_our_lease(ans):
+                return ans
+            self.events.append(ans)
 
     def request_renewing(self, msg: Message, timeout: float = 10.0) -> Message:
         """:meth:`request`, asked again of a restarted daemon if ours went away
@@ -310,3 +320,13 @@ def _try_connect(path: str) -> Socket | None:
         raise DaemonUnreachable(f"may not connect to {path} (permission denied): it is "
                                 "another user's daemon") from None  # fmt: skip
     return sock
+
+
+def _about_our_lease(msg: Message) -> bool:
+    """Is ``msg`` the daemon telling a holder of its lease, unasked (not an answer)?
+
+    ``released`` is also the answer to ``hold release``; told to the holder,
+    it names who released (``by``).
+    """
+    ev = msg.get("ev")
+    return ev == "expired" or (ev == "released" and "by" in msg)
