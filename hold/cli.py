@@ -71,10 +71,6 @@ def _classes() -> Any:
         _fail(str(e))
 
 
-IDLE_EXIT = 600.0  # seconds an autostarted daemon waits with nothing to do
-SYSTEM_DIR = "/run/hold"
-
-
 @cli.command("daemon")
 @click.option("--detach", is_flag=True, help="Fork into the background (used by autostart).")
 @click.option("--idle-exit", metavar="DURATION",
@@ -97,52 +93,9 @@ def daemon_cmd(detach: bool, idle_exit: str | None, system: bool, reload_: bool,
         _install(unit_dir, start=not no_start)
     if reload_:
         _reload()
-    from hold.daemon import Daemon
-    from supervisor.parse import parse_duration
+    from hold.daemoncmd import serve
 
-    idle: float | None = IDLE_EXIT if detach else None
-    if idle_exit is not None:
-        try:
-            idle = parse_duration(idle_exit, what="--idle-exit", plain_unit="seconds")
-        except BadValue as e:
-            _fail(str(e))
-    cfg, classes = _classes()
-    if system:
-        if os.geteuid() != 0:
-            _fail("--system: the system daemon runs as root (it serves every user)")
-        if os.environ.get("HOLD_STATE_DIR", SYSTEM_DIR) != SYSTEM_DIR:
-            _fail(f"--system: the system daemon's state directory is {SYSTEM_DIR} "
-                  "(unset HOLD_STATE_DIR)")  # fmt: skip
-    sd = _state_dir(shared=cfg.shared_state or system)
-    ready_fd = None
-    if detach:
-        # The first process waits until the daemon serves and says so by its
-        # exit status (0: serving), so a client that started it learns of a
-        # failure at once instead of at the end of its deadline.
-        r, w = os.pipe()
-        if os.fork() > 0:
-            os.close(w)
-            import select
-
-            said = os.read(r, 1) if select.select([r], [], [], 30.0)[0] else b""
-            os._exit({b"1": 0, b"2": 3}.get(said, 1))  # 3: another daemon serves
-        os.close(r)
-        ready_fd = w
-    else:
-        from hold.daemoncmd import announce
-
-        announce(sd, cfg, classes, system)
-    daemon = Daemon(
-        sd,
-        classes,
-        shared=cfg.shared_state,
-        home_tokens=cfg.home_tokens,
-        grant_busy=cfg.busy_devices,
-        idle_exit=idle,
-        system=system,
-        config_path=cfg.path,
-    )
-    raise SystemExit(daemon.serve(ready_fd=ready_fd))
+    raise SystemExit(serve(detach=detach, idle_exit=idle_exit, system=system))
 
 
 def _install(unit_dir: str, start: bool) -> None:

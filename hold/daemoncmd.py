@@ -102,3 +102,69 @@ def reload(sd: StateDir) -> str:
         raise DaemonCommandError(f"--reload: {ans.get('error')}", int(ans.get("code", TOOL)))
     classes = ", ".join(f"{k} ({v})" for k, v in sorted(ans["classes"].items()))
     return f"reloaded {ans.get('config') or 'the defaults'}: {classes}"
+
+
+IDLE_EXIT = 600.0  # seconds an autostarted daemon waits with nothing to do
+
+
+def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -> int:
+    """``hold daemon``: serve the state directory until SIGTERM; the exit status.
+
+    ``detach`` (what autostart runs, without click: its imports are ~4 MB of
+    an idle daemon's memory and part of the first ``npu-hold``'s wait): fork,
+    and let the first process exit once the daemon serves (0), or another
+    daemon does (3), or it failed (1).
+    """
+    from hold.config import load
+    from hold.daemon import Daemon
+    from hold.devices import classes_from_config
+    from hold.statedir import SYSTEM_DIR, open_state_dir
+    from supervisor.parse import BadValue, parse_duration
+
+    try:
+        idle: float | None = IDLE_EXIT if detach else None
+        if idle_exit is not None:
+            idle = parse_duration(idle_exit, what="--idle-exit", plain_unit="seconds")
+        cfg = load()
+        classes = classes_from_config(cfg.devices, cfg.path)
+        if system:
+            if os.geteuid() != 0:
+                raise DaemonCommandError(
+                    "--system: the system daemon runs as root (it serves every user)", USAGE
+                )
+            if os.environ.get("HOLD_STATE_DIR", SYSTEM_DIR) != SYSTEM_DIR:
+                raise DaemonCommandError(
+                    f"--system: the system daemon's state directory is {SYSTEM_DIR} "
+                    "(unset HOLD_STATE_DIR)",
+                    USAGE,
+                )
+        sd = open_state_dir(shared=cfg.shared_state or system)
+    except BadValue as e:
+        raise DaemonCommandError(str(e), USAGE) from None
+    ready_fd = None
+    if detach:
+        # The first process waits until the daemon serves and says so by its
+        # exit status (0: serving), so a client that started it learns of a
+        # failure at once instead of at the end of its deadline.
+        r, w = os.pipe()
+        if os.fork() > 0:
+            os.close(w)
+            import select
+
+            said = os.read(r, 1) if select.select([r], [], [], 30.0)[0] else b""
+            os._exit({b"1": 0, b"2": 3}.get(said, 1))  # 3: another daemon serves
+        os.close(r)
+        ready_fd = w
+    else:
+        announce(sd, cfg, classes, system)
+    daemon = Daemon(
+        sd,
+        classes,
+        shared=cfg.shared_state,
+        home_tokens=cfg.home_tokens,
+        grant_busy=cfg.busy_devices,
+        idle_exit=idle,
+        system=system,
+        config_path=cfg.path,
+    )
+    return daemon.serve(ready_fd=ready_fd)

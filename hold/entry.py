@@ -1,7 +1,7 @@
 """Console entry points. ``hold run``, ``npu-hold``, ``gpu-hold``,
-``hold down NAME``, ``hold up [--detach] FILE`` and ``hold audit`` (with plain
-options) are dispatched before click is imported (their start-up time is a
-benchmark).
+``hold down NAME``, ``hold up [--detach] FILE``, ``hold audit`` (with plain
+options) and ``hold daemon --detach`` (autostart's) are dispatched before click
+is imported (their start-up time is a benchmark; the daemon's memory too).
 
 Every other subcommand goes through the click group in :mod:`hold.cli`.
 """
@@ -32,6 +32,12 @@ def _main(argv: list[str]) -> int:
 
         print(version_line("hold"))
         return 0
+    if argv == ["daemon", "--detach"]:
+        # What autostart runs: without click (its imports are ~4 MB of an idle
+        # daemon's memory, and part of the first npu-hold's wait).
+        from hold.daemoncmd import serve
+
+        return serve(detach=True)
     if argv and argv[0] == "run":
         from hold.runcmd import main_run
 

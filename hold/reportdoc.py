@@ -15,7 +15,6 @@ configuration says ``report: {labels: true}``, and never a private one.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +54,7 @@ class _Acc:
             "leases": self.leases, "leased_s": round(self.leased, 3),
             "held_s": round(self.held, 3), "unmeasured_s": round(self.unmeasured, 3),
             "waits": len(self.waits),
-            "wait_median_s": round(statistics.median(self.waits), 3) if self.waits else None,
+            "wait_median_s": round(_median(self.waits), 3) if self.waits else None,
             "wait_max_s": round(max(self.waits), 3) if self.waits else None,
             "expiries": self.ends.get("expired", 0), "releases": self.ends.get("released", 0),
             "ends": dict(sorted(self.ends.items())), "strays": self.strays,
@@ -156,3 +155,10 @@ def live_entries(st: DaemonState, now: float) -> list[dict[str, Any]]:
                     "ended": now, "end": "active", "by": None,
                     "held": st.usage.held(lease.lease_id)})  # fmt: skip
     return out
+
+
+def _median(values: list[float]) -> float:
+    """The median (``statistics`` would bring ``decimal`` and ``random`` into the daemon)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
