@@ -276,7 +276,8 @@ def grant_checks(log: Path, since: float) -> tuple[dict[str, int], dict[str, int
             checks[ev.get("check", "?")] = checks.get(ev.get("check", "?"), 0) + 1
         elif ev["event"] == "scan_needed":
             for reason in ev["why"].values():
-                why[reason] = why.get(reason, 0) + 1
+                key = f"at {ev.get('at', 'grant')}, {reason}"
+                why[key] = why.get(key, 0) + 1
     return checks, why
 
 

@@ -151,7 +151,7 @@ class Grants:
         if self.st.log is not None:
             # Why the kernel's count could not answer (the benchmark counts these).
             why = {str(i): self.st.occupancy.why_not(k) for i, k in zip(devices, keys, strict=True)}
-            self.st.log.info("scan_needed", cls=cls, devices=devices, why=why)
+            self.st.log.info("scan_needed", cls=cls, devices=devices, why=why, at="grant")
 
         def work() -> None:
             try:

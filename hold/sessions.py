@@ -113,6 +113,7 @@ class Endings:
                 if self.st.occupancy.known_empty(keys):
                     more: list[StopReport] = []
                 else:
+                    self._log_scan(sid, cls, indices, keys)
                     more, left = occupancy.stop_leftovers(
                         self.st.classes[cls],
                         indices,
@@ -131,6 +132,15 @@ class Endings:
                 self.st.log.error("leftover_scan_failed", session=sid, error=repr(e))
         self.done.put((sid, reports, left, empty))
         self.st.wake(b"d")
+
+    def _log_scan(self, sid: str, cls: str, indices: list[int], keys: list[str]) -> None:
+        """Why a lease's end scans its devices (the kernel's count could not say)."""
+        if self.st.log is not None:
+            occ = self.st.occupancy
+            why = {str(i): occ.why_not(k) for i, k in zip(indices, keys, strict=True)}
+            self.st.log.info(
+                "scan_needed", cls=cls, devices=indices, why=why, at="lease end", session=sid
+            )
 
     def finish(self) -> None:
         """The sessions whose stops are done: their devices handed on, their waiters answered."""

@@ -505,3 +505,29 @@ def test_the_system_daemon_survives_a_hostile_user(
     assert "request_failed" not in log  # every bad message was refused, none crashed a handler
     (world.work / "A.go").write_text("")
     assert a.wait(30) == 0, world.err("A")
+
+
+def test_a_per_user_daemon_believes_its_count_only_until_an_open(world: World) -> None:
+    # A per-user daemon cannot read other users' processes: a close may belong
+    # to a file its scan never saw, so its count says "empty" only until the
+    # node is opened again (hold.occupancy, "opens only"). As root the same
+    # lease would be followed back to zero (tests/test_occupancy_count.py).
+    user = world.users[0]
+    for _ in range(2):
+        res = world.run(user, "run", "-d", "npu", "--", "true")
+        assert res.returncode == 0, res.stderr
+    opened = world.run(user, "run", "-d", "npu", "--", "sh", "-c", f"exec 3<{world.node}")
+    assert opened.returncode == 0, opened.stderr
+    res = world.run(user, "run", "-d", "npu", "--", "true")
+    assert res.returncode == 0, res.stderr
+    lines = (world.state(user) / "daemon.log").read_text().splitlines()
+    log = [json.loads(line) for line in lines if line.startswith("{")]
+    # The lease that opened the node is followed by a scan at its end (which
+    # starts the count again), so the grant after it needs none.
+    checks = [ev["check"] for ev in log if ev["event"] == "granted"]
+    assert checks == ["scan", "count", "count", "count"], checks
+    scans = [(ev["at"], ev["why"]["0"]) for ev in log if ev["event"] == "scan_needed"]
+    assert scans == [
+        ("grant", "no scan since the watch started"),
+        ("lease end", "opened since the last scan"),
+    ], scans

@@ -140,6 +140,9 @@ def test_the_count_follows_a_lease_that_opens_the_node(node: Path, state: Path) 
     assert res.returncode == 0, res.stderr
     assert run().returncode == 0
     assert checks(state)[-1] == "count", checks(state)
+    # Nor did the end of that lease scan: the count was back at zero.
+    log = (state / "daemon.log").read_text()
+    assert '"at": "lease end"' not in log, log
 
 
 def test_two_opens_read_as_one_event_still_block(
