@@ -317,10 +317,6 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
     kids: dict[int, int] = {}  # worker pid -> the pipe of its answer
     parts: list[_Part] = []
     done: set[int] = set()
-    # The scan makes no cycles, yet its allocations would start the
-    # collector's passes over every object this process has (a few percent).
-    collecting = gc.isenabled()
-    gc.disable()
     try:
         for _ in range(n - 1):
             try:
@@ -360,8 +356,6 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
             parts.append(_work(matcher, left))
     finally:
         os.close(queue)
-        if collecting:
-            gc.enable()
         for pid, r in kids.items():  # only on an exception here (^C)
             os.close(r)
             try:
@@ -402,8 +396,18 @@ def _worker(
     the pipe, exit; whatever happens (^C included), it never returns."""
     code = 1
     try:
-        os.close(answer_pipe[0])
+        # Its scan makes no cycles, yet the allocations would start the
+        # collector's passes over every object inherited (a few percent).
+        # Not in the caller: another of its threads may be toggling it.
+        gc.disable()
         w = answer_pipe[1]
+        # Every other descriptor let go at once: a pipe of a scan that another
+        # thread of the caller runs meanwhile must not wait for this one's end.
+        low = 3
+        for fd in sorted({queue, w}):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 30)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         (holders, denied, empty), done = _drain(matcher, batches, queue)
         answer = ([tuple(h) for h in holders], denied, empty, done)

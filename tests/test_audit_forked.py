@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,6 +117,31 @@ def test_batches_whose_worker_failed_are_read_here(
     if failure == "worker":
         assert len(forks) == 7
         assert sum(map(int, stolen.read_text().split())) > 0
+
+
+def test_forked_scans_from_several_threads_at_once(
+    tmp_path: Path, procs: Procs, forks: list[int]
+) -> None:
+    """``hold web`` serves from threads: scans forked at the same time each get
+    their own answer, and none waits on a pipe another one's workers inherited."""
+    nodes = fake_nodes(tmp_path)
+    by_fd = procs.holder("fd", nodes[0])["holder"]
+    by_map = procs.holder("mmap", nodes[1])["holder"]
+    tgts = targets_of(nodes)
+    got: list[set[tuple[int, int | None, str]]] = []
+
+    def scans() -> None:
+        for _ in range(5):
+            got.append(found(holders.scan(tgts, forks=True)))
+
+    threads = [threading.Thread(target=scans) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a scan hangs"
+    assert len(got) == 15 and len(forks) == 15 * 7
+    assert all({(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= g for g in got), got
 
 
 SCAN_AS = """
