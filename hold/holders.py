@@ -207,15 +207,16 @@ def scan(
     Kernel threads are not read, nor (with a ``cache``) processes read holding
     nothing of ``tgts`` a moment ago: :mod:`hold.scancache` says which and why.
     The work is system calls on /proc (which release the GIL), so a large
-    machine's is spread over a few threads: on two idle cores that nearly
-    halves the wall time; a small one's is not worth a thread's start.
+    machine's is spread over a few threads; a small one's is not worth a
+    thread's start.
 
     ``forks``: spread it over forked worker processes instead, one per usable
-    core where there are enough processes to read (:func:`fork_count`); for a
-    command that runs one scan (``hold audit``). Between the system calls the
-    per-process work is Python holding the GIL, so threads do not scale with
-    cores and processes do. A worker that cannot be started, or dies, leaves
-    its share to this process: the result is the same either way.
+    core where there are enough processes to read (:func:`fork_count`); what
+    ``hold audit`` runs. Between the system calls the per-process work is
+    Python holding the GIL, so threads do not scale with cores and processes
+    do (``bench.audit``: on two busy cores the threads cost more than they
+    save). Batches that a worker could not read (not started, or died) are
+    read by this process: the result is the same either way.
     """
     t0 = time.monotonic()
     me = os.getpid()
