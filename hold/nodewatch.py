@@ -51,6 +51,8 @@ import struct
 import threading
 from dataclasses import dataclass
 
+from hold.errors import HoldError
+
 IN_CLOSE_WRITE = 0x00000008
 IN_CLOSE_NOWRITE = 0x00000010
 IN_OPEN = 0x00000020
@@ -70,8 +72,9 @@ DIR_MASK = IN_OPEN | IN_CLOSE | IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 
 
-class WatchUnavailable(OSError):
-    """No inotify here, or the node cannot be watched (no read access, gone)."""
+class WatchUnavailable(HoldError):
+    """No inotify here, or the node cannot be watched (no read access, gone): the
+    device's emptiness is then proved by scans (the daemon logs why)."""
 
 
 @dataclass
@@ -112,7 +115,7 @@ class NodeWatch:
         self._rm.argtypes = [ctypes.c_int, ctypes.c_int]
         fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
-            raise WatchUnavailable(ctypes.get_errno(), "inotify_init1")
+            raise WatchUnavailable(f"inotify_init1: {os.strerror(ctypes.get_errno())}")
         self.fd: int = fd
         self._lock = threading.Lock()
         self._nodes: dict[int, Counted] = {}  # node watch descriptor -> its count
@@ -142,7 +145,7 @@ class NodeWatch:
             try:
                 st = os.stat(real)
             except OSError as e:
-                raise WatchUnavailable(e.errno, f"{real}: {e.strerror}") from None
+                raise WatchUnavailable(f"{real}: {e.strerror}") from None
             # Several nodes in one directory share its watch (IN_MASK_ADD keeps
             # one descriptor per inode, as the kernel does).
             pwd = self._add_watch(parent, DIR_MASK | IN_MASK_ADD)
@@ -157,7 +160,7 @@ class NodeWatch:
         wd = int(self._add(self.fd, os.fsencode(path), mask))
         if wd < 0:
             err = ctypes.get_errno()
-            raise WatchUnavailable(err, f"inotify_add_watch {path}: {os.strerror(err)}")
+            raise WatchUnavailable(f"inotify_add_watch {path}: {os.strerror(err)}")
         return wd
 
     def forget(self, counted: Counted) -> None:
