@@ -47,8 +47,11 @@ def checkout(rev: str, into: Path) -> Path:
         for pkg in ("hold", "supervisor"):
             subprocess.run(["cp", "-r", str(ROOT / pkg), str(into)], check=True)
     else:
-        tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "hold", "supervisor"],
-                             check=True, capture_output=True).stdout  # fmt: skip
+        tar = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", rev, "hold", "supervisor"],
+            check=True,
+            capture_output=True,
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="")
     compile_all = [sys.executable, "-m", "compileall", "-q", str(into)]
@@ -61,8 +64,12 @@ def version_env(code: Path, state: Path, config: bool) -> dict[str, str]:
     (state / "npudev0").touch()
     cfg = state / "cfg.yaml"
     cfg.write_text(f'devices:\n  npu:\n    nodes: ["{state}/npudev*"]\n')
-    env = dict(os.environ, PYTHONPATH=str(code), HOLD_STATE_DIR=str(state / "state"),
-               PYTHONDONTWRITEBYTECODE="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(code),
+        HOLD_STATE_DIR=str(state / "state"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     if config:
         env["HOLD_CONFIG"] = str(cfg)
     else:
@@ -76,11 +83,15 @@ def start_ups(codes: dict[str, Path], work: Path, runs: int) -> dict[str, list[f
     }
     for name, code in codes.items():
         cmds[f"npu-hold -- true ({name})"] = (
-            [sys.executable, "-c", NPU, "--", "true"], version_env(code, work / f"s-{name}", True),
-            code)  # fmt: skip
+            [sys.executable, "-c", NPU, "--", "true"],
+            version_env(code, work / f"s-{name}", True),
+            code,
+        )
         cmds[f"hold run -- true ({name})"] = (
             [sys.executable, "-c", RUN, "run", "--", "true"],
-            version_env(code, work / f"r-{name}", False), code)  # fmt: skip
+            version_env(code, work / f"r-{name}", False),
+            code,
+        )
     for argv, env, cwd in cmds.values():  # each daemon started, each cache warm
         subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True)
     times: dict[str, list[float]] = {k: [] for k in cmds}
@@ -97,12 +108,16 @@ def loop(code: Path, state: Path, workers: int, per: int) -> tuple[float, int, l
     """(acquisitions per second, failed commands, handoff gaps in ms) of one loop."""
     env = version_env(code, state, True)
     subprocess.run([sys.executable, "-c", NPU, "--", "true"], env=env, cwd=code, check=True)
-    script = (f'for i in $(seq {per}); do "{sys.executable}" -c "$NPU" -- true 2>/dev/null '
-              '|| echo FAIL; done')  # fmt: skip
+    script = (
+        f'for i in $(seq {per}); do "{sys.executable}" -c "$NPU" -- true 2>/dev/null '
+        "|| echo FAIL; done"
+    )
     t0 = time.perf_counter()
     shell = ["bash", "-c", script]
-    procs = [subprocess.Popen(shell, env=dict(env, NPU=NPU), cwd=code, stdout=subprocess.PIPE,
-                              text=True) for _ in range(workers)]  # fmt: skip
+    procs = [
+        subprocess.Popen(shell, env=dict(env, NPU=NPU), cwd=code, stdout=subprocess.PIPE, text=True)
+        for _ in range(workers)
+    ]
     failed = sum(p.communicate()[0].count("FAIL") for p in procs)
     wall = time.perf_counter() - t0
     return workers * per / wall, failed, handoffs(state / "state" / "daemon.log")
@@ -146,26 +161,31 @@ def main() -> int:
     load0 = loadavg()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as t:
         work = Path(t)
-        codes = {"before": checkout(a.before, work / "before"),
-                 "after": checkout(a.after, work / "after")}  # fmt: skip
+        codes = {
+            "before": checkout(a.before, work / "before"),
+            "after": checkout(a.after, work / "after"),
+        }
         try:
             times = start_ups(codes, work, a.runs)
             loops: dict[str, list[tuple[float, int, list[float]]]] = {k: [] for k in codes}
             for r in range(a.rounds):
                 for name, code in codes.items():
-                    loops[name].append(loop(code, work / f"l-{name}-{r}", a.workers,
-                                            a.per_worker))  # fmt: skip
+                    loops[name].append(loop(code, work / f"l-{name}-{r}", a.workers, a.per_worker))
         finally:
             stop_daemons(work)
-    print(f"Machine: {machine()}; load {load0} -> {loadavg()}; before = {a.before}, "
-          f"after = {a.after}\n")  # fmt: skip
+    print(
+        f"Machine: {machine()}; load {load0} -> {loadavg()}; before = {a.before}, "
+        f"after = {a.after}\n"
+    )
     base = median(times["python3 -c pass"])
     print(f"| start-up ({a.runs} interleaved runs) | median ms | x python3 -c pass |")
     print("| --- | ---: | ---: |")
     for k, v in times.items():
         print(f"| `{k}` | {median(v):.1f} | {median(v) / base:.2f} |")
-    print(f"\n| loop, {a.workers} x {a.per_worker}, {a.rounds} rounds | acquisitions/s "
-          "(median) | failed | handoff p50 / p99 ms |\n| --- | ---: | ---: | --- |")  # fmt: skip
+    print(
+        f"\n| loop, {a.workers} x {a.per_worker}, {a.rounds} rounds | acquisitions/s "
+        "(median) | failed | handoff p50 / p99 ms |\n| --- | ---: | ---: | --- |"
+    )
     for name, rows in loops.items():
         gaps = sorted(g for _, _, gs in rows for g in gs)
         print(

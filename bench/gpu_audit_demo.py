@@ -35,8 +35,22 @@ def main() -> None:
     os.environ.setdefault("HOLD_STATE_DIR", tempfile.mkdtemp() + "/state")
     hold = [PY, "-m", "hold"]
     outside, said_out = start([PY, HOG, "768"])
-    inside, said_in = start([*hold, "run", "--device", "gpu", "-l", "demo inside",
-                             "--pass-env", "LD_LIBRARY_PATH", "--", PY, HOG, "1536"])  # fmt: skip
+    inside, said_in = start(
+        [
+            *hold,
+            "run",
+            "--device",
+            "gpu",
+            "-l",
+            "demo inside",
+            "--pass-env",
+            "LD_LIBRARY_PATH",
+            "--",
+            PY,
+            HOG,
+            "1536",
+        ]
+    )
     try:
         print(f"outside any ticket: {said_out}; inside gpu-hold: {said_in}\n", flush=True)
         show(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"])

@@ -338,9 +338,14 @@ def stop_once(
         # Own session, as for a non-interactive hold run; in the leaf before
         # its first instruction when there is one.
         child = spawn(
-            argv, env=env, new_session=True, stdin=devnull, stdout=devnull,
-            pass_fds=(w,), cgroup=leaf,
-        )  # fmt: skip
+            argv,
+            env=env,
+            new_session=True,
+            stdin=devnull,
+            stdout=devnull,
+            pass_fds=(w,),
+            cgroup=leaf,
+        )
         os.close(w)
         w = -1
         idents = read_ready(r, total, timeout=60.0)

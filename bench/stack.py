@@ -481,8 +481,14 @@ class Hold(Contender):
                 text = f.read().decode(errors="replace")
         except OSError:
             text = ""
-        times = [int(m) for m in re.findall(r": (?:exited|killed|nothing left running) "
-                                             r"\(\d+ process\(es\), (\d+) ms\)", text)]  # fmt: skip
+        times = [
+            int(m)
+            for m in re.findall(
+                r": (?:exited|killed|nothing left running) "
+                r"\(\d+ process\(es\), (\d+) ms\)",
+                text,
+            )
+        ]
         if times:
             self._inner = max(times) / 1000
         return problems
@@ -944,10 +950,11 @@ def main(argv: list[str] | None = None) -> int:
         d_main = HoldDaemon(work, "cgroup" if hierarchy else "walk", hold, session)
         daemons.append(d_main)
         contenders += [
-            Hold("hold-cgroup" if hierarchy else "hold-walk", d_main, probe=True,
-                 hierarchy=hierarchy),
+            Hold(
+                "hold-cgroup" if hierarchy else "hold-walk", d_main, probe=True, hierarchy=hierarchy
+            ),
             Hold("hold-started", d_main, probe=False, hierarchy=hierarchy),
-        ]  # fmt: skip
+        ]
         if hierarchy is not None:
             d_walk = HoldDaemon(work, "walk", hold, session)
             daemons.append(d_walk)
@@ -970,8 +977,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{what}:", file=sys.stderr, end="", flush=True)
             for c in order:
                 s = one_run(c, RunDir(work, session, c.key, i))
-                print(f" {c.key} {ms(s.up)}/{ms(s.stop - GRACE_S)}", file=sys.stderr,
-                      end="", flush=True)  # fmt: skip
+                print(
+                    f" {c.key} {ms(s.up)}/{ms(s.stop - GRACE_S)}",
+                    file=sys.stderr,
+                    end="",
+                    flush=True,
+                )
                 if i >= a.warmup:
                     samples[c.key].append(s)
             print(file=sys.stderr)
@@ -993,8 +1004,13 @@ def main(argv: list[str] | None = None) -> int:
             kill_pid(pid)
         for d in daemons:
             for name in ("bench-hold-cgroup", "bench-hold-started", "bench-hold-walk"):
-                subprocess.run([hold, "down", name], env=d.env, capture_output=True,
-                               timeout=TOOL_TIMEOUT_S, check=False)  # fmt: skip
+                subprocess.run(
+                    [hold, "down", name],
+                    env=d.env,
+                    capture_output=True,
+                    timeout=TOOL_TIMEOUT_S,
+                    check=False,
+                )
             d.close()
         for pid in marked(TOOL_MARK, session):
             kill_pid(pid)

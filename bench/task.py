@@ -120,8 +120,9 @@ def start_crowd(n: int) -> subprocess.Popen[bytes] | None:
     if n <= 0:
         return None
     script = f"i=0; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; echo up; wait"
-    proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True
+    )
     assert proc.stdout is not None
     proc.stdout.readline()  # "up": every sleep has been started
     return proc
@@ -166,8 +167,9 @@ def run(a: argparse.Namespace) -> int:
         path = work / "stack.yaml"
         path.write_text(stack_text(lane))
         (work / "config.yaml").write_text("cgroups: auto\n")
-        env = dict(os.environ, HOLD_STATE_DIR=str(work / "state"),
-                   HOLD_CONFIG=str(work / "config.yaml"))  # fmt: skip
+        env = dict(
+            os.environ, HOLD_STATE_DIR=str(work / "state"), HOLD_CONFIG=str(work / "config.yaml")
+        )
         spec = load(str(path)).units["ex"]
         runners: dict[str, TaskRunner] = {}
         try:

@@ -155,13 +155,15 @@ def start_times(
     lockfile = workdir / "flock-file"
     lockfile.touch()
     commands = {
-        "npu-hold -- true (node-backed class)": ([str(VENV_BIN / "npu-hold"), "--", "true"],
-                                                 node_env),
+        "npu-hold -- true (node-backed class)": (
+            [str(VENV_BIN / "npu-hold"), "--", "true"],
+            node_env,
+        ),
         "hold run -- true (no config file)": ([str(VENV_BIN / "hold"), "run", "--", "true"], env),
         "flock FILE true": (["flock", str(lockfile), "true"], env),
         'python3 -c "import click"': ([sys.executable, "-c", "import click"], env),
         "python3 -c pass": ([sys.executable, "-c", "pass"], env),
-    }  # fmt: skip
+    }
     out: dict[str, list[float]] = {k: [] for k in commands}
     for _ in range(2):  # warm caches, .pyc files and the daemons
         for argv, e in commands.values():
@@ -185,14 +187,20 @@ def loop(argv: list[str], workers: int, per: int, env: dict[str, str]) -> dict[s
     """``workers`` shell loops of ``per`` runs of ``argv`` at once: rate and failures."""
     t = time.perf_counter()
     procs = [
-        subprocess.Popen(["sh", "-c", WORKER, str(per), *argv], env=env, stdout=subprocess.PIPE,
-                         text=True)
+        subprocess.Popen(
+            ["sh", "-c", WORKER, str(per), *argv], env=env, stdout=subprocess.PIPE, text=True
+        )
         for _ in range(workers)
-    ]  # fmt: skip
+    ]
     fails = [line for p in procs for line in p.communicate()[0].splitlines()]
     wall = time.perf_counter() - t
-    return {"wall_s": round(wall, 3), "runs": workers * per, "failed": len(fails),
-            "failures": fails[:10], "per_s": round(workers * per / wall, 1)}  # fmt: skip
+    return {
+        "wall_s": round(wall, 3),
+        "runs": workers * per,
+        "failed": len(fails),
+        "failures": fails[:10],
+        "per_s": round(workers * per / wall, 1),
+    }
 
 
 def daemon_handoffs(log: Path, since: float) -> list[float]:
@@ -233,8 +241,9 @@ def loops(workers: int, per: int, workdir: Path, node_env: dict[str, str]) -> di
     lockfile.touch()
     state = Path(node_env["HOLD_STATE_DIR"])
     # The daemon runs before the loop starts, so its CPU is read on both sides.
-    subprocess.run([str(VENV_BIN / "npu-hold"), "--", "true"], env=node_env, check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [str(VENV_BIN / "npu-hold"), "--", "true"], env=node_env, check=True, capture_output=True
+    )
     daemon = int((state / "daemon.lock").read_text())
     since = time.time()
     cpu0, d0 = _children_cpu(), _cpu(daemon)
@@ -303,8 +312,12 @@ sys.stdin.read()
 
 def crowd(n: int) -> subprocess.Popen[str]:
     """``n`` idle processes until the returned parent's stdin is closed."""
-    p = subprocess.Popen([sys.executable, "-c", CROWD, str(n)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-c", CROWD, str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout is not None
     if p.stdout.readline().strip() != "ready":
         p.kill()
@@ -339,8 +352,12 @@ def idle_daemon(seconds: float, workdir: Path, env: dict[str, str]) -> dict[str,
         state = Path(env["HOLD_STATE_DIR"])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            res = subprocess.run([str(VENV_BIN / "hold"), "status", "--json"], env=env,
-                                 capture_output=True, text=True)  # fmt: skip
+            res = subprocess.run(
+                [str(VENV_BIN / "hold"), "status", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if res.returncode == 0:
                 devs = json.loads(res.stdout)["classes"]["bench"]["devices"]
                 if all(d["holder"] for d in devs):
@@ -465,10 +482,12 @@ def _end_crowd(c: subprocess.Popen[str]) -> None:
 
 def handoff_table(rounds: int, clients: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
     hand: dict[str, list[float]] = {}
-    for name, mode, tree in (("daemon, bare lease", "daemon", False),
-                             ("daemon, lease + tree", "daemon", True),
-                             ("flock(2)", "flock", False),
-                             ("filelock", "filelock", False)):  # fmt: skip
+    for name, mode, tree in (
+        ("daemon, bare lease", "daemon", False),
+        ("daemon, lease + tree", "daemon", True),
+        ("flock(2)", "flock", False),
+        ("filelock", "filelock", False),
+    ):
         gaps: list[float] = []
         for _ in range(rounds):
             gaps += handoffs(mode, clients, work, env, tree)

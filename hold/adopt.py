@@ -131,10 +131,12 @@ class Adoption:
             for (cls, index), pid in sorted(held.items()):
                 if cls == rec.cls and index in rec.devices:
                     label = f" {rec.label!r}" if rec.label else ""
-                    return (f"pid {pid} of its tree holds {cls}:{index}, which lease "
-                            f"{rec.lease}{label} of {rec.user} (holder pid "
-                            f"{rec.holder_pid}) holds; a job on another lease's device "
-                            "is not adopted")  # fmt: skip
+                    return (
+                        f"pid {pid} of its tree holds {cls}:{index}, which lease "
+                        f"{rec.lease}{label} of {rec.user} (holder pid "
+                        f"{rec.holder_pid}) holds; a job on another lease's device "
+                        "is not adopted"
+                    )
         return None
 
     def _wanted(self, job: Job) -> tuple[tuple[int, ...] | None, int] | str:
@@ -168,12 +170,22 @@ class Adoption:
         indices, count = wanted
         args = self.args
         got = acquire_lease(
-            client, self.setup.sd, self.say, cls=self.setup.spec[0], indices=indices,
-            count=count, label=args.label or job.comm, ttl=args.time or DEFAULT_TTL,
-            grace=args.grace, wait=not args.no_wait, wait_timeout=args.wait_timeout,
-            tree=job.registration(), env={}, private=args.private,
+            client,
+            self.setup.sd,
+            self.say,
+            cls=self.setup.spec[0],
+            indices=indices,
+            count=count,
+            label=args.label or job.comm,
+            ttl=args.time or DEFAULT_TTL,
+            grace=args.grace,
+            wait=not args.no_wait,
+            wait_timeout=args.wait_timeout,
+            tree=job.registration(),
+            env={},
+            private=args.private,
             live=WaitLine.at_terminal(sys.stderr, self.prog),
-        )  # fmt: skip
+        )
         if isinstance(got, int):
             return got
         return job.guard(client, got)

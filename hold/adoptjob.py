@@ -42,8 +42,14 @@ WALK_LOOK = 2.0  # seconds between looks at a walked tree: new members are seen 
 class Job:
     """The running process ``root`` (pinned by a pidfd) and its tree."""
 
-    def __init__(self, root: ProcessId, handle: Handle, args: RunArgs,
-                 say: Callable[[str], None], hierarchy: Hierarchy | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: ProcessId,
+        handle: Handle,
+        args: RunArgs,
+        say: Callable[[str], None],
+        hierarchy: Hierarchy | None,
+    ) -> None:
         st = read_stat(root.pid)
         self.root = root
         self.handle = handle
@@ -53,8 +59,12 @@ class Job:
         self.hierarchy = hierarchy
         self.tree_id = os.urandom(6).hex()
         # Its group and session only where it leads them: not its shell's.
-        self.tree = Tree(self.tree_id, root, root.pid if st.pgrp == root.pid else None,
-                         root.pid if st.session == root.pid else None)  # fmt: skip
+        self.tree = Tree(
+            self.tree_id,
+            root,
+            root.pid if st.pgrp == root.pid else None,
+            root.pid if st.session == root.pid else None,
+        )
         self.members: dict[int, Member] = {}
         self.held: dict[tuple[str, int], int] = {}  # (class, index) -> a pid holding it
 
@@ -101,9 +111,12 @@ class Job:
 
     def registration(self, leaf: Leaf | None = None) -> dict[str, object]:
         """The tree as the daemon is told it: the adoption, and its leaf once made."""
-        return {"tree_id": self.tree_id, "leaf": leaf.path if leaf else None,
-                "grace": self.args.grace,
-                "adopt": {"pid": self.root.pid, "start": self.root.starttime}}  # fmt: skip
+        return {
+            "tree_id": self.tree_id,
+            "leaf": leaf.path if leaf else None,
+            "grace": self.args.grace,
+            "adopt": {"pid": self.root.pid, "start": self.root.starttime},
+        }
 
     # ------------------------------------------------------------ guarded
 
@@ -145,8 +158,10 @@ class Job:
             return
         self.tree.leaf = leaf
         if failed:
-            self.say(f"warning: pids {', '.join(map(str, failed))} cannot be moved into the "
-                     "lease's cgroup; they are found by walking /proc")  # fmt: skip
+            self.say(
+                f"warning: pids {', '.join(map(str, failed))} cannot be moved into the "
+                "lease's cgroup; they are found by walking /proc"
+            )
         ans = client.request_renewing({"op": "tree", **self.registration(leaf)})
         if ans.get("ev") != "ok":
             self.say(f"warning: the daemon did not take the cgroup: {ans.get('error')}")
@@ -157,8 +172,10 @@ class Job:
         cls = self.args.device.split(":")[0] if self.args.device else "?"
         devs = ",".join(f"{cls}:{i}" for i in got.devices)
         where = "in its cgroup leaf" if self.tree.leaf else "found by walking /proc"
-        self.say(f"adopted pid {self.root.pid} ({self.comm}) and its tree ({where}): lease "
-                 f"{got.lease} on {devs}, {format_until(got.expires, time.time())}")  # fmt: skip
+        self.say(
+            f"adopted pid {self.root.pid} ({self.comm}) and its tree ({where}): lease "
+            f"{got.lease} on {devs}, {format_until(got.expires, time.time())}"
+        )
 
     def _wait(self, client: Client, wake: int, expires: float) -> Cause:
         """Until the root exits, the lease ends, or a signal comes: why it is stopped."""
@@ -214,8 +231,12 @@ class Job:
             self.say(f"{cause.detail}; the lease is over")
         if report.survivors:
             return exitcodes.SURVIVORS
-        codes = {"exited": exitcodes.OK, "expired": exitcodes.EXPIRED,
-                 "released": exitcodes.RELEASED, "lost": exitcodes.TOOL}  # fmt: skip
+        codes = {
+            "exited": exitcodes.OK,
+            "expired": exitcodes.EXPIRED,
+            "released": exitcodes.RELEASED,
+            "lost": exitcodes.TOOL,
+        }
         if cause.kind in codes:
             return codes[cause.kind]
         return exitcodes.signalled(cause.signal or signal.SIGTERM)

@@ -43,13 +43,21 @@ def refusal(pid: int, start: int | None, uid: int, asker: int, daemon: int) -> s
             owner = user_name(os.stat(f"/proc/{pid}").st_uid)
         except OSError:
             owner = "?"
-        return (f"pid {pid} ({_command(pid)}) belongs to user {owner}, not {user_name(uid)}; "
-                "only its owner or root may adopt it")  # fmt: skip
+        return (
+            f"pid {pid} ({_command(pid)}) belongs to user {owner}, not {user_name(uid)}; "
+            "only its owner or root may adopt it"
+        )
     return None
 
 
-def adopt_into(tree: TreeRec, d: Any, uid: int, peer: int, sessions: Iterable[SessionRec],
-               mine: SessionRec | None) -> str | None:  # fmt: skip
+def adopt_into(
+    tree: TreeRec,
+    d: Any,
+    uid: int,
+    peer: int,
+    sessions: Iterable[SessionRec],
+    mine: SessionRec | None,
+) -> str | None:
     """The daemon's side: ``tree`` made the adoption ``d`` (``{"pid", "start"}``) asked
     by ``uid`` from the process ``peer``; why not, or None.
 
@@ -82,8 +90,9 @@ def claimed_by(pid: int, sessions: Iterable[SessionRec], mine: SessionRec | None
     for s in sessions:
         if s is mine or not s.persistent:
             continue
-        what = (f"{s.lease.cls} lease {s.lease.lease_id}" if s.lease is not None
-                else "a guarded tree") + f" of {s.user} (holder pid {s.owner_pid})"  # fmt: skip
+        what = (
+            f"{s.lease.cls} lease {s.lease.lease_id}" if s.lease is not None else "a guarded tree"
+        ) + f" of {s.user} (holder pid {s.owner_pid})"
         if (s.owner_pid, s.owner_start) in chain:
             return f"pid {pid} runs under {what} already"
         if where is not None and any(t.leaf and within(where, t.leaf) for t in s.trees.values()):
@@ -97,8 +106,9 @@ def adopted_tree(t: TreeRec, uid: int | None) -> Tree:
     return Tree(t.tree_id, ProcessId(t.root_pid, t.root_start), t.pgid, t.sid, uid=uid)
 
 
-def without_tree(found: dict[int, list[dict[str, Any]]], t: TreeRec | None,
-                 uid: int) -> dict[int, list[dict[str, Any]]]:  # fmt: skip
+def without_tree(
+    found: dict[int, list[dict[str, Any]]], t: TreeRec | None, uid: int
+) -> dict[int, list[dict[str, Any]]]:
     """A grant's scan (device -> holders) less the adopted tree ``t``'s members: the job
     being adopted holds its device already, and that is no reason to wait."""
     if t is None or t.root_pid is None or not found:

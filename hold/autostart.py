@@ -39,12 +39,14 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
                     break  # it said it failed: no point waiting out the deadline
                 time.sleep(0.01)
         if not started:
-            raise DaemonUnreachable(f"the ticket daemon for {sd.path} failed to start: "
-                                    f"{_last_line(sd.log)}")  # fmt: skip
+            raise DaemonUnreachable(
+                f"the ticket daemon for {sd.path} failed to start: {_last_line(sd.log)}"
+            )
     except filelock.Timeout:
         pass
-    raise DaemonUnreachable(f"started a daemon for {sd.path}, but it did not answer within "
-                            f"{timeout:g}s (see {sd.log})")  # fmt: skip
+    raise DaemonUnreachable(
+        f"started a daemon for {sd.path}, but it did not answer within {timeout:g}s (see {sd.log})"
+    )
 
 
 def _check_state_files(sd: StateDir) -> None:

@@ -26,8 +26,12 @@ from supervisor.parse import BadValue
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="hold", prog_name="hold", message="%(prog)s %(version)s",
-                      help="Show the version and exit.")  # fmt: skip
+@click.version_option(
+    package_name="hold",
+    prog_name="hold",
+    message="%(prog)s %(version)s",
+    help="Show the version and exit.",
+)
 def cli() -> None:
     """Device tickets and process supervision: nothing outlives what started it."""
 
@@ -73,21 +77,43 @@ def _classes() -> Any:
 
 @cli.command("daemon")
 @click.option("--detach", is_flag=True, help="Fork into the background (used by autostart).")
-@click.option("--idle-exit", metavar="DURATION",
-              help="Exit after this long with nothing to do (default: 10m with --detach, "
-              "never without).")  # fmt: skip
-@click.option("--system", is_flag=True,
-              help="Serve every user of this machine (as root, in /run/hold: what the "
-              "systemd unit runs).")  # fmt: skip
-@click.option("--reload", "reload_", is_flag=True,
-              help="Make the running daemon re-read its configuration, and exit.")  # fmt: skip
-@click.option("--install", is_flag=True,
-              help="Install the system daemon's systemd unit and start it (as root).")  # fmt: skip
-@click.option("--unit-dir", default="/etc/systemd/system", show_default=True,
-              help="With --install: where the unit goes.")  # fmt: skip
+@click.option(
+    "--idle-exit",
+    metavar="DURATION",
+    help="Exit after this long with nothing to do (default: 10m with --detach, never without).",
+)
+@click.option(
+    "--system",
+    is_flag=True,
+    help="Serve every user of this machine (as root, in /run/hold: what the systemd unit runs).",
+)
+@click.option(
+    "--reload",
+    "reload_",
+    is_flag=True,
+    help="Make the running daemon re-read its configuration, and exit.",
+)
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Install the system daemon's systemd unit and start it (as root).",
+)
+@click.option(
+    "--unit-dir",
+    default="/etc/systemd/system",
+    show_default=True,
+    help="With --install: where the unit goes.",
+)
 @click.option("--no-start", is_flag=True, help="With --install: write the unit only.")
-def daemon_cmd(detach: bool, idle_exit: str | None, system: bool, reload_: bool,
-               install: bool, unit_dir: str, no_start: bool) -> None:  # fmt: skip
+def daemon_cmd(
+    detach: bool,
+    idle_exit: str | None,
+    system: bool,
+    reload_: bool,
+    install: bool,
+    unit_dir: str,
+    no_start: bool,
+) -> None:
     """Serve device leases for this state directory (one daemon per directory)."""
     if install:
         _install(unit_dir, start=not no_start)
@@ -148,8 +174,13 @@ def status_cmd(as_json: bool) -> None:
 
 
 @cli.command("web")
-@click.option("--listen", default="127.0.0.1:8377", show_default=True, metavar="ADDRESS:PORT",
-              help="Where to serve; an address not loopback warns what it exposes.")  # fmt: skip
+@click.option(
+    "--listen",
+    default="127.0.0.1:8377",
+    show_default=True,
+    metavar="ADDRESS:PORT",
+    help="Where to serve; an address not loopback warns what it exposes.",
+)
 def web_cmd(listen: str) -> None:
     """A read-only status page, live: devices, holders, queue, strays (GET only)."""
     from hold.web import main_web
@@ -158,8 +189,15 @@ def web_cmd(listen: str) -> None:
 
 
 @cli.command("check")
-@click.option("--device", "cls", default="npu", show_default=True, metavar="CLASS",
-              help="Device class.", shell_complete=class_values)  # fmt: skip
+@click.option(
+    "--device",
+    "cls",
+    default="npu",
+    show_default=True,
+    metavar="CLASS",
+    help="Device class.",
+    shell_complete=class_values,
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (version 1).")
 def check_cmd(cls: str, as_json: bool) -> None:
     """Exit 0 if this process runs inside a live lease of that class, else 1.
@@ -193,8 +231,10 @@ def release_cmd(lease_id: str) -> None:
     client.send({"op": "release", "lease": lease_id})
     ans = client.recv(time.monotonic() + 3600)
     if ans is None or ans.get("ev") == "error":
-        _fail(str(ans.get("error") if ans else "the daemon closed the connection"),
-              int(ans.get("code", USAGE)) if ans else TOOL)  # fmt: skip
+        _fail(
+            str(ans.get("error") if ans else "the daemon closed the connection"),
+            int(ans.get("code", USAGE)) if ans else TOOL,
+        )
     survivors = ans.get("survivors") or []
     for s in survivors:
         click.echo(f"hold: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True)
@@ -203,8 +243,14 @@ def release_cmd(lease_id: str) -> None:
 
 
 @cli.command("audit")
-@click.option("--device", "cls", default=None, metavar="CLASS", help="Only this device class.",
-              shell_complete=class_values)  # fmt: skip
+@click.option(
+    "--device",
+    "cls",
+    default=None,
+    metavar="CLASS",
+    help="Only this device class.",
+    shell_complete=class_values,
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
 @click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
 @click.option("--yes", is_flag=True, help="With --kill: do not ask.")
@@ -299,8 +345,13 @@ def restart_cmd(name: str, unit: str) -> None:
 @cli.command("call")
 @click.argument("name", shell_complete=stack_values)
 @click.argument("unit", shell_complete=unit_values)
-@click.option("--arg", "arg_pairs", multiple=True, metavar="KEY=VALUE",
-              help="An argument, read by its declared type (repeatable).")  # fmt: skip
+@click.option(
+    "--arg",
+    "arg_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An argument, read by its declared type (repeatable).",
+)
 @click.option("--json-args", metavar="FILE|-", help="Arguments as a JSON object (- for stdin).")
 @click.option("--no-wait", is_flag=True, help="Exit 75 at once if every slot is taken.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")

@@ -59,8 +59,9 @@ class Client:
         self.lock_fds: list[int] = []
 
     @classmethod
-    def connect(cls, sd: StateDir, *, autostart: bool = True,
-                timeout: float = START_TIMEOUT) -> Client:  # fmt: skip
+    def connect(
+        cls, sd: StateDir, *, autostart: bool = True, timeout: float = START_TIMEOUT
+    ) -> Client:
         sock = _try_connect(sd.socket)
         if sock is None and autostart:
             if not os.access(sd.path, os.W_OK):
@@ -317,8 +318,9 @@ def _try_connect(path: str) -> Socket | None:
         return None
     except PermissionError:
         sock.close()
-        raise DaemonUnreachable(f"may not connect to {path} (permission denied): it is "
-                                "another user's daemon") from None  # fmt: skip
+        raise DaemonUnreachable(
+            f"may not connect to {path} (permission denied): it is another user's daemon"
+        ) from None
     return sock
 
 

@@ -171,8 +171,11 @@ def complete_run(words: list[str], incomplete: str) -> list[CompletionItem]:
         name, _, value = incomplete.partition("=")
         return _value_of(name, name + "=" + value, name + "=")
     if incomplete.startswith("-"):
-        return [CompletionItem(long, help=text) for long, _s, _m, text in OPTIONS
-                if long.startswith(incomplete)]  # fmt: skip
+        return [
+            CompletionItem(long, help=text)
+            for long, _s, _m, text in OPTIONS
+            if long.startswith(incomplete)
+        ]
     return [CompletionItem(incomplete, type="file")]
 
 
@@ -206,8 +209,9 @@ def complete_program(prog: str) -> int:
     """``npu-hold`` / ``gpu-hold`` with their completion variable set: answer the shell."""
     from click.shell_completion import shell_complete
 
-    cmd = RunCommand(prog, params=[run_arguments()], context_settings=RUN_SETTINGS,
-                     add_help_option=False)  # fmt: skip
+    cmd = RunCommand(
+        prog, params=[run_arguments()], context_settings=RUN_SETTINGS, add_help_option=False
+    )
     var = complete_var(prog)
     return shell_complete(cmd, {}, prog, var, os.environ.get(var, ""))
 

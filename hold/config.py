@@ -81,11 +81,19 @@ def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:
 TOP_KEYS = ("busy_devices", "cgroups", "compat", "devices", "report", "state")
 # What people type for our keys (from other tools, or by habit).
 SYNONYMS = {
-    "cgroup": "cgroups", "cgroup_mode": "cgroups", "use_cgroups": "cgroups",
-    "device": "devices", "classes": "devices", "device_classes": "devices",
-    "busy": "busy_devices", "on_busy": "busy_devices", "busy_device": "busy_devices",
-    "home_tokens": "compat", "shared": "state", "shared_state": "state",
-}  # fmt: skip
+    "cgroup": "cgroups",
+    "cgroup_mode": "cgroups",
+    "use_cgroups": "cgroups",
+    "device": "devices",
+    "classes": "devices",
+    "device_classes": "devices",
+    "busy": "busy_devices",
+    "on_busy": "busy_devices",
+    "busy_device": "busy_devices",
+    "home_tokens": "compat",
+    "shared": "state",
+    "shared_state": "state",
+}
 
 
 def parse_file(path: str) -> Config:
@@ -118,9 +126,11 @@ def parse_file(path: str) -> Config:
             values.update(_report(vnode, path))
         else:
             raise BadValue(
-                "key", key, "one of " + ", ".join(TOP_KEYS) + did_you_mean(key, TOP_KEYS, SYNONYMS),
+                "key",
+                key,
+                "one of " + ", ".join(TOP_KEYS) + did_you_mean(key, TOP_KEYS, SYNONYMS),
                 where,
-            )  # fmt: skip
+            )
     # The device classes are checked now, whoever reads the file: a typo
     # there is the same error (file:line) for every command, not only those
     # that name a device.
@@ -134,8 +144,12 @@ def _choice(node: Any, path: str, what: str, accepted: tuple[str, ...]) -> str:
     # The text as written: `cgroups: off` is YAML 1.1's false, and means off.
     text = _scalar(node, path)
     if text not in accepted:
-        raise BadValue(what, text, "one of " + ", ".join(accepted) + did_you_mean(text, accepted),
-                       f"{path}:{node.start_mark.line + 1}")  # fmt: skip
+        raise BadValue(
+            what,
+            text,
+            "one of " + ", ".join(accepted) + did_you_mean(text, accepted),
+            f"{path}:{node.start_mark.line + 1}",
+        )
     return text
 
 
@@ -164,13 +178,18 @@ def _report(node: Any, path: str) -> dict[str, Any]:
             shown = _choice(vnode, path, "report.labels", ("true", "false"))
             out["report_labels"] = shown == "true"
         elif key == "sample":
-            out["report_sample"] = parse_duration(_scalar(vnode, path), what="report.sample",
-                                                  plain_unit="seconds", where=where)  # fmt: skip
+            out["report_sample"] = parse_duration(
+                _scalar(vnode, path), what="report.sample", plain_unit="seconds", where=where
+            )
             if not 0.1 <= out["report_sample"] <= 3600:
                 raise BadValue("report.sample", _scalar(vnode, path), "0.1s to 1h", where)
         else:
-            raise BadValue("key report.", key, "labels or sample"
-                           + did_you_mean(key, ("labels", "sample")), where)  # fmt: skip
+            raise BadValue(
+                "key report.",
+                key,
+                "labels or sample" + did_you_mean(key, ("labels", "sample")),
+                where,
+            )
     return out
 
 

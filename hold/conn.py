@@ -21,11 +21,33 @@ MAX_UNSENT = 1 << 20  # bytes a client may leave unread before its connection is
 class Request:
     """A client waiting in line for devices of one class."""
 
-    __slots__ = ("allowed", "arrived", "checking", "conn", "count", "grace", "indices", "label",
-                 "private", "seq", "tree", "ttl", "wait")  # fmt: skip
+    __slots__ = (
+        "allowed",
+        "arrived",
+        "checking",
+        "conn",
+        "count",
+        "grace",
+        "indices",
+        "label",
+        "private",
+        "seq",
+        "tree",
+        "ttl",
+        "wait",
+    )
 
-    def __init__(self, conn: Conn, seq: int, count: int, indices: tuple[int, ...] | None,
-                 label: str, ttl: float, grace: float, tree: TreeRec | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        conn: Conn,
+        seq: int,
+        count: int,
+        indices: tuple[int, ...] | None,
+        label: str,
+        ttl: float,
+        grace: float,
+        tree: TreeRec | None,
+    ) -> None:
         self.conn = conn
         self.seq = seq
         self.count = count
@@ -44,11 +66,30 @@ class Request:
 class Conn:
     """One connected client, identified by the kernel."""
 
-    __slots__ = ("buf", "closed", "fds", "last_note", "out", "overflow", "peer", "pidfd",
-                 "request", "session", "sock", "uid", "want_write")  # fmt: skip
+    __slots__ = (
+        "buf",
+        "closed",
+        "fds",
+        "last_note",
+        "out",
+        "overflow",
+        "peer",
+        "pidfd",
+        "request",
+        "session",
+        "sock",
+        "uid",
+        "want_write",
+    )
 
-    def __init__(self, sock: socket.socket, peer: ProcessId, uid: int, pidfd: int | None,
-                 want_write: Callable[[Conn, bool], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: ProcessId,
+        uid: int,
+        pidfd: int | None,
+        want_write: Callable[[Conn, bool], None],
+    ) -> None:
         self.sock = sock  # non-blocking: a client that stops reading blocks nobody
         self.peer = peer
         self.uid = uid

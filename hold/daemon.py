@@ -52,13 +52,28 @@ NODE_EVENTS_PAUSE = 0.25  # seconds the loop looks away from the node events aft
 
 
 class Daemon:
-    def __init__(self, sd: StateDir, classes: dict[str, DeviceClass], *, shared: bool = False,
-                 home_tokens: bool = False, grant_busy: str = "wait",
-                 idle_exit: float | None = None, system: bool = False,
-                 config_path: str | None = None) -> None:  # fmt: skip
-        self.st = DaemonState(sd, classes, shared=shared, home_tokens=home_tokens,
-                              grant_busy=grant_busy, idle_exit=idle_exit, system=system,
-                              config_path=config_path)  # fmt: skip
+    def __init__(
+        self,
+        sd: StateDir,
+        classes: dict[str, DeviceClass],
+        *,
+        shared: bool = False,
+        home_tokens: bool = False,
+        grant_busy: str = "wait",
+        idle_exit: float | None = None,
+        system: bool = False,
+        config_path: str | None = None,
+    ) -> None:
+        self.st = DaemonState(
+            sd,
+            classes,
+            shared=shared,
+            home_tokens=home_tokens,
+            grant_busy=grant_busy,
+            idle_exit=idle_exit,
+            system=system,
+            config_path=config_path,
+        )
         self.grants = Grants(self.st)
         self.endings = Endings(self.st, self.grants)
         self.ops = Ops(self.st, self.grants, self.endings)
@@ -99,8 +114,11 @@ class Daemon:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             other = os.pread(lock_fd, 32, 0).decode(errors="replace").strip()
-            print(f"hold daemon: another daemon (pid {other or '?'}) already serves "
-                  f"{self.st.sd.path}", file=sys.stderr)  # fmt: skip
+            print(
+                f"hold daemon: another daemon (pid {other or '?'}) already serves "
+                f"{self.st.sd.path}",
+                file=sys.stderr,
+            )
             if ready_fd is not None:
                 os.write(ready_fd, b"2")  # not a failure for whoever wants one to serve
             return False
@@ -121,9 +139,14 @@ class Daemon:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
         recover(st, self.grants, self.endings)
-        st.log.info("daemon_started", pid=os.getpid(), state_dir=st.sd.path,
-                    classes={k: st.sizes[k] for k in st.classes}, config=st.config_path,
-                    arbiter="system" if st.system else "per-user")  # fmt: skip
+        st.log.info(
+            "daemon_started",
+            pid=os.getpid(),
+            state_dir=st.sd.path,
+            classes={k: st.sizes[k] for k in st.classes},
+            config=st.config_path,
+            arbiter="system" if st.system else "per-user",
+        )
         tell_systemd("READY=1")
         if ready_fd is not None:
             os.write(ready_fd, b"1")
@@ -227,8 +250,12 @@ class Daemon:
             kind, conn = key.data
             if kind == "conn" and conn.overflow:
                 assert self.st.log is not None
-                self.st.log.error("client_not_reading", pid=conn.peer.pid, uid=conn.uid,
-                                  unsent=sum(len(d) for d, _ in conn.out))  # fmt: skip
+                self.st.log.error(
+                    "client_not_reading",
+                    pid=conn.peer.pid,
+                    uid=conn.uid,
+                    unsent=sum(len(d) for d, _ in conn.out),
+                )
                 self._on_close(conn)
 
     def _on_readable(self, conn: Conn) -> None:
@@ -259,12 +286,17 @@ class Daemon:
     def _on_bad_request(self, conn: Conn, e: Exception) -> None:
         conn.close_fds()
         what = str(e) if isinstance(e, ProtocolError) else f"bad request: {e!r}"[:300]
-        if self.st.log is not None and not isinstance(e, (ProtocolError, KeyError, TypeError,
-                                                          ValueError)):  # fmt: skip
+        if self.st.log is not None and not isinstance(
+            e, (ProtocolError, KeyError, TypeError, ValueError)
+        ):
             import traceback
 
-            self.st.log.error("request_failed", pid=conn.peer.pid, uid=conn.uid,
-                              error=traceback.format_exc(limit=8)[-2000:])  # fmt: skip
+            self.st.log.error(
+                "request_failed",
+                pid=conn.peer.pid,
+                uid=conn.uid,
+                error=traceback.format_exc(limit=8)[-2000:],
+            )
         refuse(conn, what)
         self._on_close(conn)
 
@@ -309,10 +341,12 @@ class Daemon:
 
     def _note_idle(self) -> None:
         busy = (
-            self.st.sessions or self.endings.ending or self.grants.verifying
+            self.st.sessions
+            or self.endings.ending
+            or self.grants.verifying
             or self.grants.blocked
             or any(k.data[0] == "conn" for k in self.st.sel.get_map().values())
-        )  # fmt: skip
+        )
         if busy:
             self.idle_since = None
         elif self.idle_since is None:

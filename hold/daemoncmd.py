@@ -45,10 +45,13 @@ def banner(sd: StateDir, cfg: Config, classes: dict[str, DeviceClass], system: b
         who = f"a shared arbiter run by {user} (state: {{shared: true}})"
     else:
         who = f"a per-user arbiter: {user}'s own"
-    lines = [f"socket {sd.socket} ({who}), pid {os.getpid()}",
-             f"configuration {cfg.path}" if cfg.path else
-             "configuration: the embedded defaults (no file)",
-             f"busy devices: {cfg.busy_devices}; cgroups: {cfg.cgroups}"]  # fmt: skip
+    lines = [
+        f"socket {sd.socket} ({who}), pid {os.getpid()}",
+        f"configuration {cfg.path}"
+        if cfg.path
+        else "configuration: the embedded defaults (no file)",
+        f"busy devices: {cfg.busy_devices}; cgroups: {cfg.cgroups}",
+    ]
     for name, c in sorted(classes.items()):
         lines.append(f"class {name}: {_devices(name, c)}")
     return [f"{PROG}: {line}" for line in lines]
@@ -64,8 +67,13 @@ def _devices(name: str, c: DeviceClass) -> str:
     return text
 
 
-def announce(sd: StateDir, cfg: Config, classes: dict[str, DeviceClass], system: bool,
-             stream: TextIO = sys.stderr) -> None:  # fmt: skip
+def announce(
+    sd: StateDir,
+    cfg: Config,
+    classes: dict[str, DeviceClass],
+    system: bool,
+    stream: TextIO = sys.stderr,
+) -> None:
     """In the foreground: the banner on ``stream``, and every log event after it."""
     from hold.records import Log
 

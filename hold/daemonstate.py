@@ -30,9 +30,18 @@ from supervisor.identity import user_name
 
 
 class DaemonState:
-    def __init__(self, sd: StateDir, classes: dict[str, DeviceClass], *, shared: bool,
-                 home_tokens: bool, grant_busy: str, idle_exit: float | None, system: bool,
-                 config_path: str | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sd: StateDir,
+        classes: dict[str, DeviceClass],
+        *,
+        shared: bool,
+        home_tokens: bool,
+        grant_busy: str,
+        idle_exit: float | None,
+        system: bool,
+        config_path: str | None,
+    ) -> None:
         self.sd = sd
         self.config_path = config_path
         self.config_digest = fingerprint(config_path)
@@ -90,17 +99,23 @@ class DaemonState:
     def log_for(self, event: str, s: SessionRec, **kw: Any) -> None:
         if self.log is not None:
             lease = s.lease.lease_id if s.lease else None
-            self.log.info(event, session=s.session_id, lease=lease, pid=s.owner_pid,
-                          user=s.user, **kw)  # fmt: skip
+            self.log.info(
+                event, session=s.session_id, lease=lease, pid=s.owner_pid, user=s.user, **kw
+            )
         self.usage.on_event(event, s, kw)
 
     def arbiter(self) -> dict[str, Any]:
         """Which arbiter this is: the machine's system daemon, or one user's own."""
-        return {"kind": "system" if self.system else "per-user", "state_dir": self.sd.path,
-                "pid": os.getpid(), "user": user_name(os.geteuid()),
-                "config": self.config_path, "config_digest": self.config_digest,
-                "cgroups": self.cgroups,
-                "autostarted": self.idle_exit is not None}  # fmt: skip
+        return {
+            "kind": "system" if self.system else "per-user",
+            "state_dir": self.sd.path,
+            "pid": os.getpid(),
+            "user": user_name(os.geteuid()),
+            "config": self.config_path,
+            "config_digest": self.config_digest,
+            "cgroups": self.cgroups,
+            "autostarted": self.idle_exit is not None,
+        }
 
 
 def cgroups_mode(path: str | None) -> str | None:

@@ -143,11 +143,20 @@ _CLASS_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}", re.ASCII)
 _KEYS = ("nodes", "shared_nodes", "visible_env", "allowed_holders")
 # What people type for a class's keys.
 _SYNONYMS = {
-    "node": "nodes", "devices": "nodes", "paths": "nodes", "device_nodes": "nodes",
-    "shared": "shared_nodes", "control_nodes": "shared_nodes", "env": "visible_env",
-    "environment": "visible_env", "visible_devices": "visible_env", "variables": "visible_env",
-    "holders": "allowed_holders", "allowed": "allowed_holders", "allow": "allowed_holders",
-}  # fmt: skip
+    "node": "nodes",
+    "devices": "nodes",
+    "paths": "nodes",
+    "device_nodes": "nodes",
+    "shared": "shared_nodes",
+    "control_nodes": "shared_nodes",
+    "env": "visible_env",
+    "environment": "visible_env",
+    "visible_devices": "visible_env",
+    "variables": "visible_env",
+    "holders": "allowed_holders",
+    "allowed": "allowed_holders",
+    "allow": "allowed_holders",
+}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 # Variables hold sets itself for every command: a class may not name them.
 _OWN_ENV = ("PATH", "CUDA_DEVICE_ORDER")
@@ -174,9 +183,12 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
     for knode, vnode in node.value:
         name = str(knode.value)
         if not _CLASS_NAME.fullmatch(name):
-            raise BadValue("device class name", name,
-                           "lower-case letters, digits and _, starting with a letter, "
-                           "at most 32 characters", where(knode))  # fmt: skip
+            raise BadValue(
+                "device class name",
+                name,
+                "lower-case letters, digits and _, starting with a letter, at most 32 characters",
+                where(knode),
+            )
         if not isinstance(vnode, yaml.MappingNode):
             raise BadValue(
                 f"devices.{name}",
@@ -188,17 +200,25 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
         for fk, fv in vnode.value:
             key = str(fk.value)
             if key not in _KEYS:
-                raise BadValue(f"key devices.{name}.", key,
-                               "one of " + ", ".join(_KEYS) + did_you_mean(key, _KEYS, _SYNONYMS),
-                               where(fk))  # fmt: skip
+                raise BadValue(
+                    f"key devices.{name}.",
+                    key,
+                    "one of " + ", ".join(_KEYS) + did_you_mean(key, _KEYS, _SYNONYMS),
+                    where(fk),
+                )
             if not isinstance(fv, yaml.SequenceNode):
-                raise BadValue(f"devices.{name}.{key}", "(not a list)", "a list of strings",
-                               where(fv))  # fmt: skip
+                raise BadValue(
+                    f"devices.{name}.{key}", "(not a list)", "a list of strings", where(fv)
+                )
             items: list[str] = []
             for inode in fv.value:
                 if not isinstance(inode, yaml.ScalarNode):
-                    raise BadValue(f"devices.{name}.{key}", "(a list or mapping)",
-                                   "a list of strings", where(inode))  # fmt: skip
+                    raise BadValue(
+                        f"devices.{name}.{key}",
+                        "(a list or mapping)",
+                        "a list of strings",
+                        where(inode),
+                    )
                 item = str(inode.value)
                 why = _item_problem(key, item)
                 if why:
@@ -206,8 +226,9 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
                 items.append(item)
             fields[key] = tuple(items)
         if "nodes" not in fields:
-            raise BadValue(f"devices.{name}", "(no nodes)", "a class needs nodes: [...]",
-                           where(vnode))  # fmt: skip
+            raise BadValue(
+                f"devices.{name}", "(no nodes)", "a class needs nodes: [...]", where(vnode)
+            )
         out[name] = DeviceClass(name, **fields)
     return out
 
@@ -249,9 +270,12 @@ _INDICES = re.compile(r"[0-9]{1,6}(?:,[0-9]{1,6})*", re.ASCII)
 
 
 def parse_device_spec(
-    text: str, classes: Mapping[str, DeviceClass], *, what: str = "--device",
+    text: str,
+    classes: Mapping[str, DeviceClass],
+    *,
+    what: str = "--device",
     sizes: Mapping[str, int] | None = None,
-) -> tuple[str, tuple[int, ...] | None]:  # fmt: skip
+) -> tuple[str, tuple[int, ...] | None]:
     """``gpu`` or ``gpu:0,2`` -> ``("gpu", None)`` / ``("gpu", (0, 2))``.
 
     Strict: ASCII digits only (``int()`` would take ``+1``, `` 1`` and other
@@ -261,8 +285,11 @@ def parse_device_spec(
     """
     name, sep, rest = text.partition(":")
     if name not in classes:
-        raise BadValue(what, text, "a device class: " + ", ".join(sorted(classes))
-                       + did_you_mean(name, sorted(classes)))  # fmt: skip
+        raise BadValue(
+            what,
+            text,
+            "a device class: " + ", ".join(sorted(classes)) + did_you_mean(name, sorted(classes)),
+        )
     if not sep:
         return name, None
     count = sizes[name] if sizes is not None and name in sizes else classes[name].size()

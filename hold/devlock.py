@@ -68,10 +68,11 @@ def lock_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
         ):
             return cand
     raise BadValue(
-        "device lock directory", " or ".join(LOCK_DIRS),
+        "device lock directory",
+        " or ".join(LOCK_DIRS),
         "a root-owned, sticky, world-writable directory (mode 1777) for the machine-wide "
         "device locks",
-    )  # fmt: skip
+    )
 
 
 def lock_path(directory: str, key: str) -> str:
@@ -175,9 +176,19 @@ def read_owner(path: str) -> dict[str, Any] | None:
     if not isinstance(rec, dict):
         return None
     out: dict[str, Any] = {}
-    for name, kind in (("uid", int), ("pid", int), ("start", int), ("daemon_pid", int),
-                       ("since", float), ("until", float), ("user", str), ("lease", str),
-                       ("label", str), ("cls", str), ("arbiter", str)):  # fmt: skip
+    for name, kind in (
+        ("uid", int),
+        ("pid", int),
+        ("start", int),
+        ("daemon_pid", int),
+        ("since", float),
+        ("until", float),
+        ("user", str),
+        ("lease", str),
+        ("label", str),
+        ("cls", str),
+        ("arbiter", str),
+    ):
         value = rec.get(name)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)

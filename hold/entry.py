@@ -54,8 +54,9 @@ def _main(argv: list[str]) -> int:
         # background supervisor is started first thing (bench/stack.py).
         from hold.upcmd import main_up
 
-        return main_up(argv[-1] if argv[1] in ("--detach", "-d") else argv[1],
-                       detach=len(argv) == 3)  # fmt: skip
+        return main_up(
+            argv[-1] if argv[1] in ("--detach", "-d") else argv[1], detach=len(argv) == 3
+        )
     if argv and argv[0] == "audit" and "_HOLD_COMPLETE" not in os.environ:
         # `hold audit` with plain options without click (~30 ms of imports of
         # ~100 on a GPU machine, issue 13); --help and errors stay click's.

@@ -91,8 +91,11 @@ def cuda_order(extra_nodes: Sequence[str] = (), gpus: list[Gpu] | None = None) -
     if gpus is None:
         return sorted(usable)
     # A GPU NVML reads but whose node is not here: NVML opened it, so may we.
-    return [g.minor for g in sorted(gpus, key=lambda g: g.bus)
-            if g.minor in usable or g.minor not in known]  # fmt: skip
+    return [
+        g.minor
+        for g in sorted(gpus, key=lambda g: g.bus)
+        if g.minor in usable or g.minor not in known
+    ]
 
 
 def visible_env(cls: DeviceClass, indices: Sequence[int]) -> dict[str, str]:

@@ -85,8 +85,11 @@ class Grants:
         while True:
             # A device is busy by its key: another class may name the same node.
             busy = {self.key(k) for k in (*self.held, *self.verifying, *self.blocked)}
-            free = [i for i, key in enumerate(self.st.keys[cls])
-                    if key not in busy and (cls, i) not in self.elsewhere]  # fmt: skip
+            free = [
+                i
+                for i, key in enumerate(self.st.keys[cls])
+                if key not in busy and (cls, i) not in self.elsewhere
+            ]
             grants = plan(free, waiting)
             # Each device to grant (or check) needs its machine-wide lock first;
             # one that another arbiter holds is out of the plan: plan again.
@@ -159,8 +162,17 @@ class Grants:
                 found = occupancy.checked_look(occ, self.st.classes[cls], devices, keys)
                 found = without_tree(found, req.tree, req.conn.uid)  # an adopted job's own
             except Exception as e:  # a failed scan must not grant a device blindly
-                found = {devices[0]: [{"pid": 0, "user": "?", "command": f"scan failed: {e!r}",
-                                       "starttime": 0, "memory_bytes": None}]}  # fmt: skip
+                found = {
+                    devices[0]: [
+                        {
+                            "pid": 0,
+                            "user": "?",
+                            "command": f"scan failed: {e!r}",
+                            "starttime": 0,
+                            "memory_bytes": None,
+                        }
+                    ]
+                }
             self.checks.put((req, cls, devices, found))
             self.st.wake(b"c")
 
@@ -184,21 +196,27 @@ class Grants:
                 self._grant_checked(cls, req, devices, found)
             self.schedule(cls)
 
-    def _hold_back(self, cls: str, req: Request, devices: list[int],
-                   found: dict[int, Holders]) -> None:  # fmt: skip
+    def _hold_back(
+        self, cls: str, req: Request, devices: list[int], found: dict[int, Holders]
+    ) -> None:
         """Devices found in use outside any lease: blocked; a --no-wait request is answered busy."""
         for i, holders in found.items():
             self.block(cls, i, holders)
         if req.conn.session is not None:
-            self.st.log_for("grant_blocked", req.conn.session, devices=devices,
-                            holders={str(i): h for i, h in found.items()})  # fmt: skip
+            self.st.log_for(
+                "grant_blocked",
+                req.conn.session,
+                devices=devices,
+                holders={str(i): h for i, h in found.items()},
+            )
         if not req.wait:
             self.queues[cls].remove(req)
             req.conn.request = None
             req.conn.send({"ev": "busy", **self.holders_note(cls, req)})
 
-    def _grant_checked(self, cls: str, req: Request, devices: list[int],
-                       found: dict[int, Holders]) -> None:  # fmt: skip
+    def _grant_checked(
+        self, cls: str, req: Request, devices: list[int], found: dict[int, Holders]
+    ) -> None:
         """Granted after the scan; with a warning naming whoever holds them anyway ("warn")."""
         if found:
             busy = [{"index": i, "holders": h} for i, h in found.items()]
@@ -284,12 +302,19 @@ class Grants:
         self.st.usage.granted(s, req.arrived)  # hook for hold report / metrics: counters, waits
         # The client holds the locks with us (one open file description each):
         # neither one's death alone lets another arbiter grant the devices.
-        conn.send({"ev": "granted", "lease": lease.lease_id, "cls": cls, "devices": devices,
-                   "expires": lease.expires, "granted": now},
-                  fds=[self.st.locks.fds[self.st.keys[cls][i]] for i in devices])  # fmt: skip
+        conn.send(
+            {
+                "ev": "granted",
+                "lease": lease.lease_id,
+                "cls": cls,
+                "devices": devices,
+                "expires": lease.expires,
+                "granted": now,
+            },
+            fds=[self.st.locks.fds[self.st.keys[cls][i]] for i in devices],
+        )
 
-    def _undo_grant(self, cls: str, req: Request, devices: list[int],
-                    e: Exception) -> None:  # fmt: skip
+    def _undo_grant(self, cls: str, req: Request, devices: list[int], e: Exception) -> None:
         """The lease could not be recorded: refused, its devices free again."""
         s = req.conn.session
         assert s is not None
@@ -308,10 +333,18 @@ class Grants:
     def _lock_record(self, s: SessionRec) -> dict[str, Any]:
         """What a lock file says of its lease, for waiters served by other arbiters."""
         assert s.lease is not None
-        rec = {"uid": s.uid, "user": s.user, "pid": s.owner_pid, "start": s.owner_start,
-               "since": s.lease.granted, "until": s.lease.expires, "lease": s.lease.lease_id,
-               "cls": s.lease.cls, "arbiter": self.st.sd.path,
-               "daemon_pid": os.getpid()}  # fmt: skip
+        rec = {
+            "uid": s.uid,
+            "user": s.user,
+            "pid": s.owner_pid,
+            "start": s.owner_start,
+            "since": s.lease.granted,
+            "until": s.lease.expires,
+            "lease": s.lease.lease_id,
+            "cls": s.lease.cls,
+            "arbiter": self.st.sd.path,
+            "daemon_pid": os.getpid(),
+        }
         if not s.lease.private:
             rec["label"] = s.lease.label
         return rec
@@ -321,13 +354,20 @@ class Grants:
     def holders_note(self, cls: str, req: Request) -> dict[str, Any]:
         q = self.queues[cls]
         position = q.index(req) + 1 if req in q else 0
-        blocked = [{"index": i, "holders": h} for (c, i), h in sorted(self.blocked.items())
-                   if c == cls]  # fmt: skip
-        elsewhere = [{"index": i, **rec} for (c, i), rec in sorted(self.elsewhere.items())
-                     if c == cls]  # fmt: skip
+        blocked = [
+            {"index": i, "holders": h} for (c, i), h in sorted(self.blocked.items()) if c == cls
+        ]
+        elsewhere = [
+            {"index": i, **rec} for (c, i), rec in sorted(self.elsewhere.items()) if c == cls
+        ]
         viewer = req.conn.uid
-        return {"cls": cls, "position": position, "holders": self._holders(cls, viewer),
-                "blocked": blocked, "elsewhere": elsewhere}  # fmt: skip
+        return {
+            "cls": cls,
+            "position": position,
+            "holders": self._holders(cls, viewer),
+            "blocked": blocked,
+            "elsewhere": elsewhere,
+        }
 
     def _holders(self, cls: str, viewer: int) -> list[dict[str, Any]]:
         out = []
@@ -337,10 +377,18 @@ class Grants:
             if c != cls or sid in seen or s is None or s.lease is None:
                 continue
             seen.add(sid)
-            out.append({"lease": s.lease.lease_id, "label": label_for(s, viewer),
-                        "pid": s.owner_pid,
-                        "user": s.user, "since": s.lease.granted, "expires": s.lease.expires,
-                        "devices": s.lease.devices, "state": s.lease.state})  # fmt: skip
+            out.append(
+                {
+                    "lease": s.lease.lease_id,
+                    "label": label_for(s, viewer),
+                    "pid": s.owner_pid,
+                    "user": s.user,
+                    "since": s.lease.granted,
+                    "expires": s.lease.expires,
+                    "devices": s.lease.devices,
+                    "state": s.lease.state,
+                }
+            )
         return out
 
     def _notify_queue(self, cls: str) -> None:

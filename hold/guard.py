@@ -34,8 +34,9 @@ def check(sd: StateDir, cls: str) -> tuple[bool, str]:
     return ok, why
 
 
-def check_lease(sd: StateDir, cls: str, *, want_lease: bool = True
-                ) -> tuple[bool, str, LeaseRecord | None]:  # fmt: skip
+def check_lease(
+    sd: StateDir, cls: str, *, want_lease: bool = True
+) -> tuple[bool, str, LeaseRecord | None]:
     """:func:`check`, and the lease that covers this process when it is covered.
 
     The daemon's verdict is the answer. Which lease it found is asked too
@@ -51,11 +52,19 @@ def check_lease(sd: StateDir, cls: str, *, want_lease: bool = True
         return False, f"{no}: {e}", None
     lease = None
     try:
-        _pid, uid, _gid = struct.unpack("3i", client.sock.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))  # fmt: skip
+        _pid, uid, _gid = struct.unpack(
+            "3i",
+            client.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")),
+        )
         if uid not in (0, os.geteuid()):
-            return False, (f"{no}: the daemon at {sd.socket} runs as uid {uid}, neither "
-                           "root nor you; its answer proves nothing"), None  # fmt: skip
+            return (
+                False,
+                (
+                    f"{no}: the daemon at {sd.socket} runs as uid {uid}, neither "
+                    "root nor you; its answer proves nothing"
+                ),
+                None,
+            )
         ans = client.request({"op": "check", "cls": cls}, TIMEOUT)
         if want_lease and ans.get("covered") is True:
             lease = _covering(client.request({"op": "leases"}, TIMEOUT), cls)
@@ -84,9 +93,16 @@ def check_document(ok: bool, why: str, cls: str, lease: LeaseRecord | None) -> d
     """``hold check --json``: version 1."""
     doc: dict[str, object] = {"version": 1, "ok": ok, "device": cls, "why": why, "lease": None}
     if lease is not None:
-        doc["lease"] = {"id": lease.lease, "class": lease.cls, "devices": list(lease.devices),
-                        "label": lease.label, "user": lease.user, "holder_pid": lease.holder_pid,
-                        "granted": lease.granted, "expires": lease.expires}  # fmt: skip
+        doc["lease"] = {
+            "id": lease.lease,
+            "class": lease.cls,
+            "devices": list(lease.devices),
+            "label": lease.label,
+            "user": lease.user,
+            "holder_pid": lease.holder_pid,
+            "granted": lease.granted,
+            "expires": lease.expires,
+        }
     return doc
 
 
@@ -96,8 +112,9 @@ def judge(asker: ProcessId, cls: str, records: list[LeaseRecord]) -> tuple[bool,
     return covered, why
 
 
-def judge_lease(asker: ProcessId, cls: str, records: list[LeaseRecord]
-                ) -> tuple[bool, str, LeaseRecord | None]:  # fmt: skip
+def judge_lease(
+    asker: ProcessId, cls: str, records: list[LeaseRecord]
+) -> tuple[bool, str, LeaseRecord | None]:
     """``hold check``'s answer for the process ``asker`` against live lease records.
 
     Proven by ancestry, never by text: an ancestor of the asker (or the asker

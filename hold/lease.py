@@ -74,10 +74,18 @@ def acquire_lease(
     # caller can use are asked for; the daemon grants from those alone.
     allowed = usable_indices(klass, os.environ) if klass is not None else None
     ask = {
-        "op": "acquire", "cls": cls, "indices": indices, "count": count,
-        "label": label, "ttl": ttl, "grace": grace, "wait": wait, "tree": tree,
-        "private": private, "allowed": allowed,
-    }  # fmt: skip
+        "op": "acquire",
+        "cls": cls,
+        "indices": indices,
+        "count": count,
+        "label": label,
+        "ttl": ttl,
+        "grace": grace,
+        "wait": wait,
+        "tree": tree,
+        "private": private,
+        "allowed": allowed,
+    }
     line = _Line(client, say, cls, ask, wait_timeout, live, meanwhile)
     try:
         return line.wait(sd, klass, env)
@@ -293,16 +301,20 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         since = now - float(h["since"])
         until = format_until(float(h["expires"]), now)
         devs = ",".join(str(d) for d in h["devices"])
-        parts.append(f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
-                     f"user {h['user']}) for {format_duration(since)}, {until}")  # fmt: skip
+        parts.append(
+            f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
+            f"user {h['user']}) for {format_duration(since)}, {until}"
+        )
     blocked = note.get("blocked") or []
     assert isinstance(blocked, list)
     for b in blocked:
         for h in b["holders"]:
             mem = h.get("memory_bytes")
             used = f", {mem / 2**30:.1f} GiB on the device" if mem else ""
-            parts.append(f"{cls}:{b['index']} held OUTSIDE any lease by pid {h['pid']} (user "
-                         f"{h['user']}: {h['command']}{used})")  # fmt: skip
+            parts.append(
+                f"{cls}:{b['index']} held OUTSIDE any lease by pid {h['pid']} (user "
+                f"{h['user']}: {h['command']}{used})"
+            )
     elsewhere = note.get("elsewhere") or []
     assert isinstance(elsewhere, list)
     for e in elsewhere:
@@ -311,12 +323,16 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
             continue
         when = ""
         if isinstance(e.get("since"), float) and isinstance(e.get("until"), float):
-            when = (f", since {format_when(e['since'], now)}, until "
-                    f"{format_when(e['until'], now)}, {time_left(e['until'], now)}")  # fmt: skip
+            when = (
+                f", since {format_when(e['since'], now)}, until "
+                f"{format_when(e['until'], now)}, {time_left(e['until'], now)}"
+            )
         label = f" {e['label']!r}" if e.get("label") else ""
-        parts.append(f"{cls}:{e['index']} held by user {e.get('user', '?')}'s lease"
-                     f"{label} (pid {e.get('pid', '?')}{when}) through another "
-                     "ticket daemon")  # fmt: skip
+        parts.append(
+            f"{cls}:{e['index']} held by user {e.get('user', '?')}'s lease"
+            f"{label} (pid {e.get('pid', '?')}{when}) through another "
+            "ticket daemon"
+        )
     who = "; ".join(parts) or f"{cls} is being checked for the next holder"
     if busy:
         return f"{cls} is taken: {who}"

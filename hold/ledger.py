@@ -48,11 +48,28 @@ class TreeRec:
 class Lease:
     """Devices granted to one session, until ``expires`` (wall clock, seconds)."""
 
-    __slots__ = ("cls", "devices", "expires", "grace", "granted", "label", "lease_id", "private",
-                 "state")  # fmt: skip
+    __slots__ = (
+        "cls",
+        "devices",
+        "expires",
+        "grace",
+        "granted",
+        "label",
+        "lease_id",
+        "private",
+        "state",
+    )
 
-    def __init__(self, lease_id: str, cls: str, devices: list[int], label: str,
-                 granted: float, expires: float, grace: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        lease_id: str,
+        cls: str,
+        devices: list[int],
+        label: str,
+        granted: float,
+        expires: float,
+        grace: float,
+    ) -> None:
         self.lease_id = lease_id
         self.cls = cls
         self.devices = devices
@@ -68,8 +85,15 @@ class Lease:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Lease:
-        lease = cls(d["lease_id"], d["cls"], list(d["devices"]), d["label"], d["granted"],
-                    d["expires"], d["grace"])  # fmt: skip
+        lease = cls(
+            d["lease_id"],
+            d["cls"],
+            list(d["devices"]),
+            d["label"],
+            d["granted"],
+            d["expires"],
+            d["grace"],
+        )
         lease.state = d.get("state", "active")
         lease.private = bool(d.get("private", False))
         return lease
@@ -80,8 +104,9 @@ class SessionRec:
 
     __slots__ = ("lease", "owner_pid", "owner_start", "session_id", "trees", "uid", "user")
 
-    def __init__(self, session_id: str, owner_pid: int, owner_start: int, uid: int,
-                 user: str) -> None:  # fmt: skip
+    def __init__(
+        self, session_id: str, owner_pid: int, owner_start: int, uid: int, user: str
+    ) -> None:
         self.session_id = session_id
         self.owner_pid = owner_pid
         self.owner_start = owner_start

@@ -48,8 +48,9 @@ def accept(listener: socket.socket, want_write: Callable[[Conn, bool], None]) ->
         sock, _ = listener.accept()
     except BlockingIOError:
         return None
-    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
-        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))  # fmt: skip
+    pid, uid, _gid = struct.unpack(
+        "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    )
     pidfd: int | None
     try:
         pidfd = struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]

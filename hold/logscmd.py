@@ -46,8 +46,15 @@ def main_logs(
         say(why + did_you_mean(unit, units), PROG)
         return USAGE
     try:
-        _show(logs, [unit] if unit is not None else units, unit is None, lines, since_stamp,
-              follow, os.path.join(run_dir, "control.sock"))  # fmt: skip
+        _show(
+            logs,
+            [unit] if unit is not None else units,
+            unit is None,
+            lines,
+            since_stamp,
+            follow,
+            os.path.join(run_dir, "control.sock"),
+        )
     except KeyboardInterrupt:
         return OK
     return OK

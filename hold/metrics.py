@@ -25,25 +25,35 @@ Sample = tuple[Labels, float]
 
 # name -> (type, help)
 FAMILIES: dict[str, tuple[str, str]] = {
-    "hold_daemon_start_time_seconds": ("gauge", "When the daemon started (its counters count "
-                                       "from then), seconds since the epoch."),
+    "hold_daemon_start_time_seconds": (
+        "gauge",
+        "When the daemon started (its counters count from then), seconds since the epoch.",
+    ),
     "hold_device_leased": ("gauge", "1 if the device is leased (by this arbiter or another)."),
     "hold_device_holder_uid": ("gauge", "The uid of the leased device's holder."),
     "hold_device_lease_age_seconds": ("gauge", "Seconds since the device's lease was granted."),
-    "hold_device_lease_expiry_timestamp_seconds": ("gauge", "When the device's lease expires, "
-                                                   "seconds since the epoch."),
+    "hold_device_lease_expiry_timestamp_seconds": (
+        "gauge",
+        "When the device's lease expires, seconds since the epoch.",
+    ),
     "hold_device_waiters": ("gauge", "Requests in line that could take this device."),
     "hold_class_waiters": ("gauge", "Requests in line for the class."),
     "hold_device_strays": ("gauge", "Processes holding the device's nodes outside any lease."),
-    "hold_device_stray_memory_bytes": ("gauge", "Device memory of those processes, where the "
-                                       "driver reports it."),
-    "hold_audit_not_inspected_processes": ("gauge", "Processes the stray scan could not read "
-                                           "(run as root to read all)."),
+    "hold_device_stray_memory_bytes": (
+        "gauge",
+        "Device memory of those processes, where the driver reports it.",
+    ),
+    "hold_audit_not_inspected_processes": (
+        "gauge",
+        "Processes the stray scan could not read (run as root to read all).",
+    ),
     "hold_grants_total": ("counter", "Leases granted since the daemon started."),
-    "hold_expiries_total": ("counter", "Leases that reached their time limit since the "
-                            "daemon started."),
+    "hold_expiries_total": (
+        "counter",
+        "Leases that reached their time limit since the daemon started.",
+    ),
     "hold_wait_seconds": ("summary", "Time from a request's arrival to its grant."),
-}  # fmt: skip
+}
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -73,8 +83,9 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _devices(out: dict[str, list[tuple[str, Labels, float]]], cls: str, info: dict[str, Any],
-             now: float) -> None:  # fmt: skip
+def _devices(
+    out: dict[str, list[tuple[str, Labels, float]]], cls: str, info: dict[str, Any], now: float
+) -> None:
     for dev in info["devices"]:
         lab = {"class": cls, "index": str(dev["index"])}
         h = dev["holder"]
@@ -91,8 +102,11 @@ def _devices(out: dict[str, list[tuple[str, Labels, float]]], cls: str, info: di
             out["hold_device_lease_expiry_timestamp_seconds"].append(("", lab, h["expires"]))
 
 
-def _strays(out: dict[str, list[tuple[str, Labels, float]]], ans: dict[str, Any],
-            audit: dict[str, Any] | None) -> None:  # fmt: skip
+def _strays(
+    out: dict[str, list[tuple[str, Labels, float]]],
+    ans: dict[str, Any],
+    audit: dict[str, Any] | None,
+) -> None:
     if audit is None:
         return  # not scanned: no claim either way
     count: dict[tuple[str, int], int] = {}

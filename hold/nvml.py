@@ -25,8 +25,10 @@ INSUFFICIENT_SIZE = 7  # NVML_ERROR_INSUFFICIENT_SIZE: the count holds the size 
 NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE in usedGpuMemory
 UUID_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
 RETRIES = 4  # processes may start between asking for the count and for the list
-PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3",
-                 "nvmlDeviceGetGraphicsRunningProcesses_v3")  # fmt: skip
+PROCESS_CALLS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+)
 
 
 class NvmlError(HoldError):
@@ -141,8 +143,10 @@ class Session:
                 continue
             if infos is None:
                 return []  # SUCCESS with room for none: there are none
-            return [(int(p.pid), None if p.usedGpuMemory == NOT_AVAILABLE else
-                     int(p.usedGpuMemory)) for p in infos[: count.value]]  # fmt: skip
+            return [
+                (int(p.pid), None if p.usedGpuMemory == NOT_AVAILABLE else int(p.usedGpuMemory))
+                for p in infos[: count.value]
+            ]
         raise NvmlError(name, INSUFFICIENT_SIZE)  # the list kept growing
 
 

@@ -82,12 +82,24 @@ class Ops:
         self.st.sessions[sid] = s
         self.st.attached[sid] = conn
         conn.session = s
-        defs = {name: {"nodes": list(c.nodes), "shared_nodes": list(c.shared_nodes),
-                       "visible_env": list(c.visible_env),
-                       "allowed_holders": list(c.allowed_holders)}
-                for name, c in self.st.classes.items()}  # fmt: skip
-        conn.send({"ev": "session", "session": sid, "arbiter": self.st.arbiter(),
-                   "classes": dict(self.st.sizes), "class_defs": defs})  # fmt: skip
+        defs = {
+            name: {
+                "nodes": list(c.nodes),
+                "shared_nodes": list(c.shared_nodes),
+                "visible_env": list(c.visible_env),
+                "allowed_holders": list(c.allowed_holders),
+            }
+            for name, c in self.st.classes.items()
+        }
+        conn.send(
+            {
+                "ev": "session",
+                "session": sid,
+                "arbiter": self.st.arbiter(),
+                "classes": dict(self.st.sizes),
+                "class_defs": defs,
+            }
+        )
 
     def _attach(self, conn: Conn, sid: str) -> None:
         """A detached owner comes back (after a daemon restart): its session, and the
@@ -114,14 +126,17 @@ class Ops:
         self.st.log_for("session_attached", s)
 
     def _release(self, conn: Conn, lease_id: str) -> None:
-        target = next((s for s in self.st.sessions.values()
-                       if s.lease and s.lease.lease_id == lease_id), None)  # fmt: skip
+        target = next(
+            (s for s in self.st.sessions.values() if s.lease and s.lease.lease_id == lease_id), None
+        )
         if target is None:
             refuse(conn, f"no live lease {lease_id}")
             return
         if conn.uid not in (0, target.uid):
-            refuse(conn, f"lease {lease_id} belongs to "
-                       f"{target.user}; only that user or root may release it")  # fmt: skip
+            refuse(
+                conn,
+                f"lease {lease_id} belongs to {target.user}; only that user or root may release it",
+            )
             return
         self.endings.release_waiters.setdefault(target.session_id, []).append((conn, "released"))
         holder = self.st.attached.get(target.session_id)
@@ -153,8 +168,7 @@ class Ops:
     def _acquire(self, conn: Conn, msg: Message) -> None:
         s = conn.session
         if s is None or s.lease is not None or conn.request is not None:
-            refuse(conn, "acquire needs an open session "
-                       "without a lease")  # fmt: skip
+            refuse(conn, "acquire needs an open session without a lease")
             return
         cls = text_field(msg, "cls")
         if cls not in self.st.classes:
@@ -205,14 +219,16 @@ class Ops:
         allowed = ints_field(msg, "allowed")
         count = len(indices) if indices else number_field(msg, "count", int, 1)
         if count < 1 or count > size or (indices and any(i < 0 or i >= size for i in indices)):
-            refuse(conn, f"{cls} has {size} device(s) here; "
-                       f"cannot grant {indices or count}")  # fmt: skip
+            refuse(conn, f"{cls} has {size} device(s) here; cannot grant {indices or count}")
             return None
         usable = None if allowed is None else frozenset(i for i in allowed if 0 <= i < size)
         if usable is not None and (len(usable) < count or (indices and not set(indices) <= usable)):
-            refuse(conn, f"only {cls}:"
-                       f"{','.join(map(str, sorted(usable))) or '(none)'} can be used from "
-                       f"here; cannot grant {indices or count}")  # fmt: skip
+            refuse(
+                conn,
+                f"only {cls}:"
+                f"{','.join(map(str, sorted(usable))) or '(none)'} can be used from "
+                f"here; cannot grant {indices or count}",
+            )
             return None
         return count, indices, usable
 
@@ -230,8 +246,11 @@ class Ops:
             return bad
         # An id is one tree: a client cannot take over another's by naming it
         # (the daemon would stop that tree when this client's connection ends).
-        if any(tree_id in other.trees for other in self.st.sessions.values()
-               if other is not conn.session):  # fmt: skip
+        if any(
+            tree_id in other.trees
+            for other in self.st.sessions.values()
+            if other is not conn.session
+        ):
             return bad
         leaf = d.get("leaf")
         if leaf is not None:
@@ -242,8 +261,9 @@ class Ops:
         if d.get("adopt") is not None:
             from hold.adoptrules import adopt_into
 
-            why = adopt_into(tree, d["adopt"], conn.uid, conn.peer.pid,
-                             self.st.sessions.values(), conn.session)  # fmt: skip
+            why = adopt_into(
+                tree, d["adopt"], conn.uid, conn.peer.pid, self.st.sessions.values(), conn.session
+            )
             if why is not None:
                 return why
         return tree
@@ -289,8 +309,14 @@ class Ops:
         if conn.peer.pid not in chain or not signalable_by(pid, conn.uid):
             if not ProcessId(pid, st.starttime).matches():
                 return  # reaped while we looked (a command that exits at once): no claim left
-            self.st.log_for("tree_root_refused", s, tree=tree.tree_id, claimed_pid=pid,
-                            peer_pid=conn.peer.pid, peer_uid=conn.uid)  # fmt: skip
+            self.st.log_for(
+                "tree_root_refused",
+                s,
+                tree=tree.tree_id,
+                claimed_pid=pid,
+                peer_pid=conn.peer.pid,
+                peer_uid=conn.uid,
+            )
             return
         tree.root_pid, tree.root_start, tree.pgid = pid, st.starttime, st.pgrp
         tree.sid = st.session if st.session == pid else None
@@ -303,19 +329,23 @@ class Ops:
     def _check(self, conn: Conn, cls: str) -> None:
         """``hold check``, answered for the asking process (the kernel says who it is)."""
         if cls not in self.st.classes:
-            refuse(conn, "a device class: "
-                       + ", ".join(sorted(self.st.classes)))  # fmt: skip
+            refuse(conn, "a device class: " + ", ".join(sorted(self.st.classes)))
             return
-        records = [self.st.records.record(s) for s in self.st.sessions.values()
-                   if s.lease is not None and s.lease.state != "ending"]  # fmt: skip
+        records = [
+            self.st.records.record(s)
+            for s in self.st.sessions.values()
+            if s.lease is not None and s.lease.state != "ending"
+        ]
         covered, why = judge(conn.peer, cls, records)
-        conn.send({"ev": "check", "covered": covered, "why": why,
-                   "arbiter": self.st.arbiter()})  # fmt: skip
+        conn.send({"ev": "check", "covered": covered, "why": why, "arbiter": self.st.arbiter()})
 
     def _leases(self, conn: Conn) -> None:
         """Every live lease, as the asker may see it (``hold audit`` believes only this)."""
-        out = [self.st.records.record(s).seen_by(conn.uid, s.lease.private).to_json()
-               for s in self.st.sessions.values() if s.lease is not None]  # fmt: skip
+        out = [
+            self.st.records.record(s).seen_by(conn.uid, s.lease.private).to_json()
+            for s in self.st.sessions.values()
+            if s.lease is not None
+        ]
         conn.send({"ev": "leases", "leases": out})
 
     # --------------------------------------------------------- the daemon
@@ -330,10 +360,15 @@ class Ops:
         if st.system or st.idle_exit is None or conn.uid != os.geteuid():
             why = "this daemon was not started by a client of yours; it stays"
         elif others or waiting or self.endings.ending:
-            leases = [f"{s.lease.cls} lease {s.lease.lease_id} of {s.user} (pid {s.owner_pid})"
-                      for s in others if s.lease is not None]  # fmt: skip
-            why = (f"busy: {', '.join(leases) or f'{len(others)} guarded tree(s)'}"
-                   f"{f', {waiting} waiting' if waiting else ''}")  # fmt: skip
+            leases = [
+                f"{s.lease.cls} lease {s.lease.lease_id} of {s.user} (pid {s.owner_pid})"
+                for s in others
+                if s.lease is not None
+            ]
+            why = (
+                f"busy: {', '.join(leases) or f'{len(others)} guarded tree(s)'}"
+                f"{f', {waiting} waiting' if waiting else ''}"
+            )
         else:
             assert st.log is not None
             st.log.info("retiring", asked_by=conn.peer.pid, config=st.config_path)
@@ -344,15 +379,15 @@ class Ops:
 
     def _reload_op(self, conn: Conn) -> None:
         if conn.uid not in (0, os.geteuid()):
-            refuse(conn, "only root or the daemon's own user "
-                       "may reload its configuration")  # fmt: skip
+            refuse(conn, "only root or the daemon's own user may reload its configuration")
             return
         why = self.reload()
         if why is not None:
             refuse(conn, why)
         else:
-            conn.send({"ev": "reloaded", "config": self.st.config_path,
-                       "classes": dict(self.st.sizes)})  # fmt: skip
+            conn.send(
+                {"ev": "reloaded", "config": self.st.config_path, "classes": dict(self.st.sizes)}
+            )
 
     def reload(self) -> str | None:
         """Read the configuration again (SIGHUP, ``hold daemon --reload``); why not, or None.
@@ -376,8 +411,10 @@ class Ops:
         for cls in sorted(self._live_classes()):
             if cls not in classes or keys[cls] != st.keys[cls]:
                 how = "dropped" if cls not in classes else "changed"
-                why = (f"class {cls} has live leases or waiters and would be {how} by "
-                       f"{cfg.path or 'the defaults'}; nothing was changed")  # fmt: skip
+                why = (
+                    f"class {cls} has live leases or waiters and would be {how} by "
+                    f"{cfg.path or 'the defaults'}; nothing was changed"
+                )
                 st.log.error("reload_refused", error=why)
                 return why
         st.set_classes(classes, keys)

@@ -71,14 +71,21 @@ class LeaseRecord(NamedTuple):
         label = d.get("label")
         command = d.get("command_pid")
         return cls(
-            need("lease", str), need("cls", str), seq("devices", int),
+            need("lease", str),
+            need("cls", str),
+            seq("devices", int),
             label if isinstance(label, str) else None,
-            need("holder_pid", int), need("holder_start", int), need("uid", int),
-            need("user", str), float(need("granted", int, float)),
+            need("holder_pid", int),
+            need("holder_start", int),
+            need("uid", int),
+            need("user", str),
+            float(need("granted", int, float)),
             float(need("expires", int, float)),
             command if isinstance(command, int) and not isinstance(command, bool) else None,
-            seq("leaves", str), seq("trees", str), _roots(d.get("roots")),
-        )  # fmt: skip
+            seq("leaves", str),
+            seq("trees", str),
+            _roots(d.get("roots")),
+        )
 
     def seen_by(self, viewer: int, private: bool) -> LeaseRecord:
         """As ``viewer`` (a uid) may see it: a private label only for its owner and root."""
@@ -91,8 +98,11 @@ def _roots(v: object) -> tuple[tuple[int, int], ...]:
         return ()
     out: list[tuple[int, int]] = []
     for r in v if isinstance(v, list) else [None]:
-        if not (isinstance(r, list) and len(r) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)):  # fmt: skip
+        if not (
+            isinstance(r, list)
+            and len(r) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+        ):
             raise ValueError("lease record: 'roots' of the wrong type")
         out.append((r[0], r[1]))
     return tuple(out)
@@ -120,12 +130,18 @@ class Log:
                 structlog.processors.JSONRenderer(sort_keys=True),
             ],
         )
-        self._echo = None if Log.console is None else structlog.wrap_logger(
-            structlog.PrintLogger(cast(TextIO, _Echo(Log.console))),
-            processors=[structlog.processors.add_log_level,
-                        structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
-                        structlog.dev.ConsoleRenderer(colors=Log.console.isatty())],
-        )  # fmt: skip
+        self._echo = (
+            None
+            if Log.console is None
+            else structlog.wrap_logger(
+                structlog.PrintLogger(cast(TextIO, _Echo(Log.console))),
+                processors=[
+                    structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+                    structlog.dev.ConsoleRenderer(colors=Log.console.isatty()),
+                ],
+            )
+        )
 
     def info(self, event: str, **kw: Any) -> None:
         self._log.info(event, **kw)
@@ -181,8 +197,7 @@ class _Echo(io.TextIOBase):
 class Records:
     """Token files, the home-directory mirror and ended.json, for one state directory."""
 
-    def __init__(self, sd: StateDir, home_tokens: bool,
-                 log_for: Callable[..., None]) -> None:  # fmt: skip
+    def __init__(self, sd: StateDir, home_tokens: bool, log_for: Callable[..., None]) -> None:
         self.sd = sd
         self.home_tokens = home_tokens
         self.log_for = log_for  # (event, session, **fields)
@@ -196,15 +211,26 @@ class Records:
         # Every tree's root known by (pid, start): for an adopted job the only
         # link to the lease; for the others, a second proof beside the holder.
         tree_roots = tuple(
-            (t.root_pid, t.root_start) for t in s.trees.values()
+            (t.root_pid, t.root_start)
+            for t in s.trees.values()
             if t.root_pid is not None and t.root_start is not None
-        )  # fmt: skip
+        )
         return LeaseRecord(
-            lease.lease_id, lease.cls, tuple(lease.devices), lease.label, s.owner_pid,
-            s.owner_start, s.uid, s.user, lease.granted, lease.expires,
+            lease.lease_id,
+            lease.cls,
+            tuple(lease.devices),
+            lease.label,
+            s.owner_pid,
+            s.owner_start,
+            s.uid,
+            s.user,
+            lease.granted,
+            lease.expires,
             roots[0] if roots else None,
-            tuple(t.leaf for t in s.trees.values() if t.leaf), tuple(s.trees), tree_roots,
-        )  # fmt: skip
+            tuple(t.leaf for t in s.trees.values() if t.leaf),
+            tuple(s.trees),
+            tree_roots,
+        )
 
     def remember(self, s: SessionRec) -> None:
         """Keep the last leases that ended, so the audit can say whose a stray was."""

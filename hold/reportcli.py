@@ -9,9 +9,12 @@ import click
 
 
 @click.command("report")
-@click.option("--since", metavar="DURATION|DATE",
-              help="Only from then: a duration back from now (7d, 12h) or a date "
-              "(2025-05-01, 2025-05-01T08:00).")  # fmt: skip
+@click.option(
+    "--since",
+    metavar="DURATION|DATE",
+    help="Only from then: a duration back from now (7d, 12h) or a date "
+    "(2025-05-01, 2025-05-01T08:00).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (version 1).")
 def report_cmd(since: str | None, as_json: bool) -> None:
     """Who used which device, for how long: per user and per device, leased and held

@@ -19,8 +19,18 @@ from hold.statedir import StateDir
 from supervisor.parse import BadValue, format_duration, parse_duration
 from supervisor.width import columns, fit, table
 
-USER_HEAD = ("USER", "LEASES", "LEASED", "HELD", "WAIT MEDIAN", "WAIT MAX", "EXPIRED",
-             "RELEASED", "STRAYS", "LABELS")  # fmt: skip
+USER_HEAD = (
+    "USER",
+    "LEASES",
+    "LEASED",
+    "HELD",
+    "WAIT MEDIAN",
+    "WAIT MAX",
+    "EXPIRED",
+    "RELEASED",
+    "STRAYS",
+    "LABELS",
+)
 DEVICE_HEAD = USER_HEAD[1:-1]
 
 
@@ -36,8 +46,11 @@ def parse_since(text: str | None, now: float) -> float:
     try:
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
-        raise BadValue("--since", text, "a duration back from now (7d, 12h, 30m) or a date "
-                       "(2025-05-01, 2025-05-01T08:00)") from None  # fmt: skip
+        raise BadValue(
+            "--since",
+            text,
+            "a duration back from now (7d, 12h, 30m) or a date (2025-05-01, 2025-05-01T08:00)",
+        ) from None
 
 
 def fetch(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
@@ -67,8 +80,9 @@ def _from_file(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
     try:
         entries = history.read(sd.path, since)
     except PermissionError:
-        raise HoldError(f"no daemon serves {sd.path}, and its history is not yours "
-                        "to read") from None  # fmt: skip
+        raise HoldError(
+            f"no daemon serves {sd.path}, and its history is not yours to read"
+        ) from None
     return build(entries, os.geteuid(), show_labels=show_labels, since=since)
 
 
@@ -101,9 +115,16 @@ def text_lines(doc: dict[str, Any], width: int | None) -> list[str]:
 
 def _figures(a: dict[str, Any]) -> list[str]:
     held = format_duration(a["held_s"]) if a["leased_s"] > a["unmeasured_s"] else "-"
-    return [str(a["leases"]), format_duration(a["leased_s"]), held,
-            format_duration(a["wait_median_s"]), format_duration(a["wait_max_s"]),
-            str(a["expiries"]), str(a["releases"]), str(a["strays"])]  # fmt: skip
+    return [
+        str(a["leases"]),
+        format_duration(a["leased_s"]),
+        held,
+        format_duration(a["wait_median_s"]),
+        format_duration(a["wait_max_s"]),
+        str(a["expiries"]),
+        str(a["releases"]),
+        str(a["strays"]),
+    ]
 
 
 def _labels(labels: dict[str, float] | None) -> str:

@@ -51,18 +51,28 @@ class _Acc:
 
     def doc(self) -> dict[str, Any]:
         return {
-            "leases": self.leases, "leased_s": round(self.leased, 3),
-            "held_s": round(self.held, 3), "unmeasured_s": round(self.unmeasured, 3),
+            "leases": self.leases,
+            "leased_s": round(self.leased, 3),
+            "held_s": round(self.held, 3),
+            "unmeasured_s": round(self.unmeasured, 3),
             "waits": len(self.waits),
             "wait_median_s": round(_median(self.waits), 3) if self.waits else None,
             "wait_max_s": round(max(self.waits), 3) if self.waits else None,
-            "expiries": self.ends.get("expired", 0), "releases": self.ends.get("released", 0),
-            "ends": dict(sorted(self.ends.items())), "strays": self.strays,
-        }  # fmt: skip
+            "expiries": self.ends.get("expired", 0),
+            "releases": self.ends.get("released", 0),
+            "ends": dict(sorted(self.ends.items())),
+            "strays": self.strays,
+        }
 
 
-def build(entries: list[dict[str, Any]], viewer: int, *, show_labels: bool, since: float,
-          now: float | None = None) -> dict[str, Any]:  # fmt: skip
+def build(
+    entries: list[dict[str, Any]],
+    viewer: int,
+    *,
+    show_labels: bool,
+    since: float,
+    now: float | None = None,
+) -> dict[str, Any]:
     """The report of ``entries`` as ``viewer`` (a uid) may see it (version 1)."""
     now = time.time() if now is None else now
     users: dict[int, _Acc] = {}
@@ -83,19 +93,34 @@ def build(entries: list[dict[str, Any]], viewer: int, *, show_labels: bool, sinc
         mine = viewer in (0, uid)
         shown = labels.get(uid, {}) if mine or show_labels else None
         top = None if shown is None else dict(sorted(shown.items(), key=lambda kv: -kv[1])[:10])
-        out_users.append({"user": names.get(uid, str(uid)), "uid": uid, **acc.doc(),
-                          "labels": None if top is None else
-                          {k: round(v, 3) for k, v in top.items()}})  # fmt: skip
+        out_users.append(
+            {
+                "user": names.get(uid, str(uid)),
+                "uid": uid,
+                **acc.doc(),
+                "labels": None if top is None else {k: round(v, 3) for k, v in top.items()},
+            }
+        )
     return {
-        "version": 1, "since": since or None, "now": now, "users": out_users,
+        "version": 1,
+        "since": since or None,
+        "now": now,
+        "users": out_users,
         "devices": [{"device": d, **acc.doc()} for d, acc in sorted(devices.items())],
         "strays": sorted(strays, key=lambda s: s["seen"])[-STRAYS_SHOWN:],
-    }  # fmt: skip
+    }
 
 
-def _lease(e: dict[str, Any], since: float, users: dict[int, _Acc], names: dict[int, str],
-           labels: dict[int, dict[str, float]], devices: dict[str, _Acc], viewer: int,
-           show_labels: bool) -> None:  # fmt: skip
+def _lease(
+    e: dict[str, Any],
+    since: float,
+    users: dict[int, _Acc],
+    names: dict[int, str],
+    labels: dict[int, dict[str, float]],
+    devices: dict[str, _Acc],
+    viewer: int,
+    show_labels: bool,
+) -> None:
     uid, granted, ended = int(e["uid"]), float(e["granted"]), float(e["ended"])
     span = max(0.0, ended - max(granted, since))
     count = len(e["devices"])
@@ -104,8 +129,9 @@ def _lease(e: dict[str, Any], since: float, users: dict[int, _Acc], names: dict[
     wait = granted - float(requested) if requested is not None and granted >= since else None
     end = str(e["end"])
     names[uid] = str(e["user"])
-    users.setdefault(uid, _Acc()).add(span * count, None if held is None else held * count,
-                                      wait, end)  # fmt: skip
+    users.setdefault(uid, _Acc()).add(
+        span * count, None if held is None else held * count, wait, end
+    )
     for i in e["devices"]:
         devices.setdefault(f"{e['cls']}:{i}", _Acc()).add(span, held, wait, end)
     private = bool(e.get("private"))
@@ -114,8 +140,13 @@ def _lease(e: dict[str, Any], since: float, users: dict[int, _Acc], names: dict[
         mine[str(e["label"])] = mine.get(str(e["label"]), 0.0) + span * count
 
 
-def _stray(e: dict[str, Any], users: dict[int, _Acc], names: dict[int, str],
-           devices: dict[str, _Acc], viewer: int) -> dict[str, Any]:  # fmt: skip
+def _stray(
+    e: dict[str, Any],
+    users: dict[int, _Acc],
+    names: dict[int, str],
+    devices: dict[str, _Acc],
+    viewer: int,
+) -> dict[str, Any]:
     uid = e.get("uid")
     device = f"{e['cls']}:{int(e['device'])}"
     devices.setdefault(device, _Acc()).strays += 1
@@ -124,9 +155,16 @@ def _stray(e: dict[str, Any], users: dict[int, _Acc], names: dict[int, str],
         names.setdefault(uid, str(e.get("user") or uid))
     # A command line can say what someone works on: its owner's and root's to read.
     command = e.get("command") if viewer == 0 or viewer == uid else None
-    return {"device": device, "pid": int(e["pid"]), "uid": uid, "user": e.get("user"),
-            "seen": float(e["seen"]), "memory_bytes": e.get("memory_bytes"),
-            "command": command, "lease": e.get("lease")}  # fmt: skip
+    return {
+        "device": device,
+        "pid": int(e["pid"]),
+        "uid": uid,
+        "user": e.get("user"),
+        "seen": float(e["seen"]),
+        "memory_bytes": e.get("memory_bytes"),
+        "command": command,
+        "lease": e.get("lease"),
+    }
 
 
 def answer(st: DaemonState, viewer: int, msg: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +175,9 @@ def answer(st: DaemonState, viewer: int, msg: dict[str, Any]) -> dict[str, Any]:
     since = number_field(msg, "since", float, 0.0)
     now = time.time()
     entries = history.read(st.sd.path, since) + live_entries(st, now)
-    return build(entries, viewer, show_labels=report_settings(st.config_path)[0], since=since,
-                 now=now)  # fmt: skip
+    return build(
+        entries, viewer, show_labels=report_settings(st.config_path)[0], since=since, now=now
+    )
 
 
 def live_entries(st: DaemonState, now: float) -> list[dict[str, Any]]:
@@ -148,12 +187,24 @@ def live_entries(st: DaemonState, now: float) -> list[dict[str, Any]]:
         lease = s.lease
         if lease is None:
             continue
-        out.append({"kind": "lease", "lease": lease.lease_id, "user": s.user, "uid": s.uid,
-                    "cls": lease.cls, "devices": list(lease.devices), "label": lease.label,
-                    "private": lease.private, "granted": lease.granted,
-                    "requested": st.usage.requested.get(lease.lease_id),
-                    "ended": now, "end": "active", "by": None,
-                    "held": st.usage.held(lease.lease_id)})  # fmt: skip
+        out.append(
+            {
+                "kind": "lease",
+                "lease": lease.lease_id,
+                "user": s.user,
+                "uid": s.uid,
+                "cls": lease.cls,
+                "devices": list(lease.devices),
+                "label": lease.label,
+                "private": lease.private,
+                "granted": lease.granted,
+                "requested": st.usage.requested.get(lease.lease_id),
+                "ended": now,
+                "end": "active",
+                "by": None,
+                "held": st.usage.held(lease.lease_id),
+            }
+        )
     return out
 
 

@@ -22,40 +22,70 @@ NAME_WIDTH = 30  # the option column of --help
 # (long, short, metavar or None for a flag, help)
 Option = tuple[str, str | None, str | None, str]
 OPTIONS: tuple[Option, ...] = (
-    ("--time", "-t", "DURATION",
-     "time limit: 90s, 4m, 2h, 1h30m (a plain number is minutes); at the limit "
-     "the command is stopped and the exit status is 124"),
+    (
+        "--time",
+        "-t",
+        "DURATION",
+        "time limit: 90s, 4m, 2h, 1h30m (a plain number is minutes); at the limit "
+        "the command is stopped and the exit status is 124",
+    ),
     ("--cpus", None, "LIST", "run on these CPUs only, e.g. 0-3,8"),
-    ("--grace", None, "DURATION",
-     "how long the command may take to stop after the polite signal before it "
-     "is killed (a plain number is seconds; default 10s)"),
+    (
+        "--grace",
+        None,
+        "DURATION",
+        "how long the command may take to stop after the polite signal before it "
+        "is killed (a plain number is seconds; default 10s)",
+    ),
     ("--signal", "-s", "SIGNAL", "the polite stop signal (default TERM)"),
     ("--env", "-e", "NAME=VALUE", "set a variable for the command (repeatable)"),
     ("--pass-env", None, "NAME", "pass this variable through from here (repeatable)"),
-    ("--device", "-d", "CLASS[:INDEX,...]",
-     "hold a lease on devices of this class (npu, gpu, or one configured) while "
-     "the command runs"),
+    (
+        "--device",
+        "-d",
+        "CLASS[:INDEX,...]",
+        "hold a lease on devices of this class (npu, gpu, or one configured) while "
+        "the command runs",
+    ),
     ("--label", "-l", "LABEL", "what the lease is for, shown to others (with --device)"),
     ("--count", "-n", "COUNT", "how many devices of the class (with --device; default 1)"),
-    ("--wait-timeout", None, "DURATION",
-     "give up waiting for the device after this long: exit 75 (plain number: seconds)"),
+    (
+        "--wait-timeout",
+        None,
+        "DURATION",
+        "give up waiting for the device after this long: exit 75 (plain number: seconds)",
+    ),
     ("--no-wait", None, None, "exit 75 at once if the device is taken"),
     ("--private", None, None, "show the label to you and root only (with --device)"),
-    ("--scratch", None, None,
-     "a fresh private directory for the command, in $HOLD_SCRATCH, removed when "
-     "it ends (under $XDG_CACHE_HOME/hold/scratch)"),
+    (
+        "--scratch",
+        None,
+        None,
+        "a fresh private directory for the command, in $HOLD_SCRATCH, removed when "
+        "it ends (under $XDG_CACHE_HOME/hold/scratch)",
+    ),
     ("--keep-scratch", None, None, "keep the --scratch directory (its path is printed)"),
-    ("--adopt", None, "PID",
-     "no command: lease the device to PID, a running process of yours, and its "
-     "descendants; wait until they end, and stop them when the lease ends (exit 0 "
-     "when they ended by themselves)"),
+    (
+        "--adopt",
+        None,
+        "PID",
+        "no command: lease the device to PID, a running process of yours, and its "
+        "descendants; wait until they end, and stop them when the lease ends (exit 0 "
+        "when they ended by themselves)",
+    ),
     ("--verbose", "-v", None, "print the stop report on stderr"),
     ("--version", None, None, "show the version and exit"),
     ("--help", "-h", None, "show this message and exit"),
-)  # fmt: skip
-FLAGS = {"--help": "help", "--version": "version", "--verbose": "verbose",
-         "--no-wait": "no_wait", "--private": "private", "--scratch": "scratch",
-         "--keep-scratch": "keep_scratch"}  # fmt: skip
+)
+FLAGS = {
+    "--help": "help",
+    "--version": "version",
+    "--verbose": "verbose",
+    "--no-wait": "no_wait",
+    "--private": "private",
+    "--scratch": "scratch",
+    "--keep-scratch": "keep_scratch",
+}
 
 
 class UsageError(HoldError):
@@ -111,10 +141,14 @@ def help_text(usage: str = USAGE, options: tuple[Option, ...] = OPTIONS) -> str:
         if len(first) > len(indent):  # a long name: the text starts on the next line
             lines.append(first.rstrip())
             first = indent
-        lines.extend(textwrap.wrap(text, HELP_WIDTH, initial_indent=first,
-                                   subsequent_indent=indent))  # fmt: skip
-    lines += ["", "Short options combine: -vt 1m is -v -t 1m. Options end at -- or at the",
-              "first argument that is not one."]  # fmt: skip
+        lines.extend(
+            textwrap.wrap(text, HELP_WIDTH, initial_indent=first, subsequent_indent=indent)
+        )
+    lines += [
+        "",
+        "Short options combine: -vt 1m is -v -t 1m. Options end at -- or at the",
+        "first argument that is not one.",
+    ]
     return "\n".join(lines)
 
 
@@ -129,10 +163,11 @@ def parse_signal(text: str) -> int:
         if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
             return int(sig)
     raise BadValue(
-        "--signal", text,
+        "--signal",
+        text,
         "a signal name or number such as TERM, INT, HUP "
         "(not KILL or STOP: the polite signal must be catchable)",
-    )  # fmt: skip
+    )
 
 
 Opts = list[tuple[str, str | None]]
@@ -262,8 +297,9 @@ def _set(args: RunArgs, long: str, value: str) -> None:
             raise BadValue("--adopt", value, "a process id (a whole number, 1 or more)")
         args.adopt = int(value)
     elif long == "--wait-timeout":
-        args.wait_timeout = parse_duration(value, what="--wait-timeout",
-                                           plain_unit="seconds", allow_zero=True)  # fmt: skip
+        args.wait_timeout = parse_duration(
+            value, what="--wait-timeout", plain_unit="seconds", allow_zero=True
+        )
     else:
         raise AssertionError(long)
 
@@ -273,10 +309,13 @@ def _check(args: RunArgs) -> None:
     if args.adopt is not None:
         _check_adopt(args)
     if args.device is None:
-        for flag, given in (("--label", args.label), ("--count", args.count),
-                            ("--wait-timeout", args.wait_timeout),
-                            ("--no-wait", args.no_wait or None),
-                            ("--private", args.private or None)):  # fmt: skip
+        for flag, given in (
+            ("--label", args.label),
+            ("--count", args.count),
+            ("--wait-timeout", args.wait_timeout),
+            ("--no-wait", args.no_wait or None),
+            ("--private", args.private or None),
+        ):
             if given is not None:
                 raise UsageError(f"{flag} needs --device (or npu-hold / gpu-hold)")
     if args.label is not None:
@@ -292,11 +331,16 @@ def _check(args: RunArgs) -> None:
 def _check_adopt(args: RunArgs) -> None:
     """What ``--adopt`` excludes: a command, and what only a new process can be given."""
     if args.command:
-        raise UsageError("--adopt takes no command: it leases the device to a process that "
-                         f"runs already (got {args.command[0]!r})")  # fmt: skip
+        raise UsageError(
+            "--adopt takes no command: it leases the device to a process that "
+            f"runs already (got {args.command[0]!r})"
+        )
     if args.device is None:
         raise UsageError("--adopt needs --device (or npu-hold / gpu-hold)")
-    for flag, given in (("--cpus", args.cpus), ("--env", args.env or None),
-                        ("--pass-env", args.pass_env or None)):  # fmt: skip
+    for flag, given in (
+        ("--cpus", args.cpus),
+        ("--env", args.env or None),
+        ("--pass-env", args.pass_env or None),
+    ):
         if given is not None:
             raise UsageError(f"{flag} does not apply with --adopt: the process runs already")

@@ -39,8 +39,10 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     """``hold run``; returns the exit status (see the README's table)."""
     usage = usage_for(prog)
     if not argv:
-        print(f"{prog}: no command given\nUsage: {usage}\nTry '{prog} --help' for the options.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{prog}: no command given\nUsage: {usage}\nTry '{prog} --help' for the options.",
+            file=sys.stderr,
+        )
         return exitcodes.USAGE
     try:
         args = parse_run_args(argv, device=device, usage=usage)
@@ -73,8 +75,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
             run.client = setup.client
             return run.execute()
     except Interrupted as e:
-        print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running",
-              file=sys.stderr)  # fmt: skip
+        print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running", file=sys.stderr)
         return exitcodes.signalled(e.signum)
 
 
@@ -109,10 +110,12 @@ def _setup(args: RunArgs) -> Setup:
     arbiter = info.get("arbiter") or {}
     defs, sizes = info.get("class_defs"), info.get("classes")
     if (
-        client is not None and arbiter.get("config_digest") == digest
+        client is not None
+        and arbiter.get("config_digest") == digest
         and arbiter.get("cgroups") in CGROUP_MODES
-        and isinstance(defs, dict) and isinstance(sizes, dict)
-    ):  # fmt: skip
+        and isinstance(defs, dict)
+        and isinstance(sizes, dict)
+    ):
         from hold.devices import classes_from_defs
 
         spec = _spec(args, classes_from_defs(defs), sizes)
@@ -158,21 +161,29 @@ def _spec(
         return None
     spec = parse_device_spec(args.device, classes, sizes=sizes)
     if spec[1] is not None and args.count is not None and args.count != len(spec[1]):
-        raise BadValue("-n/--count", str(args.count),
-                       f"the number of indices in --device {args.device}")  # fmt: skip
+        raise BadValue(
+            "-n/--count", str(args.count), f"the number of indices in --device {args.device}"
+        )
     size = sizes[spec[0]] if sizes is not None else classes[spec[0]].size()
     if args.count is not None and args.count > size:
-        raise BadValue("-n/--count", str(args.count),
-                       f"at most {size}: {spec[0]} has {size} device(s) here")  # fmt: skip
+        raise BadValue(
+            "-n/--count", str(args.count), f"at most {size}: {spec[0]} has {size} device(s) here"
+        )
     return spec
 
 
 class Run:
     """One ``hold run``: the daemon conversation around a :class:`Foreground`."""
 
-    def __init__(self, args: RunArgs, prog: str, cgroups: str, sd: StateDir,
-                 spec: tuple[str, tuple[int, ...] | None] | None,
-                 config_digest: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        args: RunArgs,
+        prog: str,
+        cgroups: str,
+        sd: StateDir,
+        spec: tuple[str, tuple[int, ...] | None] | None,
+        config_digest: str | None = None,
+    ) -> None:
         self.args = args
         self.config_digest = config_digest
         self.prog = prog
@@ -243,10 +254,16 @@ class Run:
         if code is not None:
             return code
         fg = Foreground(
-            args.command, env=env, tree_id=tree_id, cpus=args.cpus, timeout=args.time,
-            grace=args.grace, stop_signal=args.signal, hierarchy=hierarchy,
+            args.command,
+            env=env,
+            tree_id=tree_id,
+            cpus=args.cpus,
+            timeout=args.time,
+            grace=args.grace,
+            stop_signal=args.signal,
+            hierarchy=hierarchy,
             interactive=is_foreground_tty(0),
-        )  # fmt: skip
+        )
         # The grace goes with the tree: the daemon stopping it (if we die)
         # must allow what the user asked for, lease or not.
         tree: dict[str, object] = {"tree_id": tree_id, "leaf": None, "grace": args.grace}
@@ -282,8 +299,10 @@ class Run:
             if self.spec is not None:
                 self.say(f"cannot reach the ticket daemon: {e}")
                 return exitcodes.TOOL
-            self.say(f"warning: no guardian for this command ({e}); it is stopped only "
-                     "while this process lives")  # fmt: skip
+            self.say(
+                f"warning: no guardian for this command ({e}); it is stopped only "
+                "while this process lives"
+            )
             self.client = None
         return None
 
@@ -370,9 +389,12 @@ class Run:
     # ------------------------------------------------------------------ lease
 
     def _acquire(
-        self, client: Client, tree: Mapping[str, object], env: dict[str, str],
+        self,
+        client: Client,
+        tree: Mapping[str, object],
+        env: dict[str, str],
         meanwhile: Callable[[], None] | None,
-    ) -> int | None:  # fmt: skip
+    ) -> int | None:
         """Wait in line for the lease; None once granted (env filled in), else an exit status."""
         from hold.waitline import WaitLine
 
@@ -380,12 +402,23 @@ class Run:
         args = self.args
         cls, indices = self.spec
         got = acquire_lease(
-            client, self.sd, self.say, cls=cls, indices=indices, count=args.count or 1,
+            client,
+            self.sd,
+            self.say,
+            cls=cls,
+            indices=indices,
+            count=args.count or 1,
             label=args.label or os.path.basename(args.command[0]),
-            ttl=args.time or DEFAULT_TTL, grace=args.grace, wait=not args.no_wait,
-            wait_timeout=args.wait_timeout, tree=tree, env=env, private=args.private,
-            live=WaitLine.at_terminal(sys.stderr, self.prog), meanwhile=meanwhile,
-        )  # fmt: skip
+            ttl=args.time or DEFAULT_TTL,
+            grace=args.grace,
+            wait=not args.no_wait,
+            wait_timeout=args.wait_timeout,
+            tree=tree,
+            env=env,
+            private=args.private,
+            live=WaitLine.at_terminal(sys.stderr, self.prog),
+            meanwhile=meanwhile,
+        )
         if isinstance(got, int):
             return got
         self.lease, self.expires = got.lease, got.expires

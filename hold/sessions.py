@@ -86,9 +86,14 @@ class Endings:
         sid = s.session_id
         self.st.workers.submit(lambda: self._stop_worker(sid, trees, grace, devices, uid))
 
-    def _stop_worker(self, sid: str, trees: list[tuple[Tree, float]], grace: float,
-                     devices: tuple[str, list[int], float] | None,
-                     uid: int | None) -> None:  # fmt: skip
+    def _stop_worker(
+        self,
+        sid: str,
+        trees: list[tuple[Tree, float]],
+        grace: float,
+        devices: tuple[str, list[int], float] | None,
+        uid: int | None,
+    ) -> None:
         reports = []
         left: dict[int, Any] = {}
         empty: frozenset[int] = frozenset()
@@ -154,8 +159,9 @@ class Endings:
             if s is not None:
                 self._finish_one(s, reports, left, empty)
 
-    def _finish_one(self, s: SessionRec, reports: list[StopReport], left: dict[int, Any],
-                    empty: frozenset[int]) -> None:  # fmt: skip
+    def _finish_one(
+        self, s: SessionRec, reports: list[StopReport], left: dict[int, Any], empty: frozenset[int]
+    ) -> None:
         survivors = [sv._asdict() for r in reports for sv in r.survivors]
         self._log_stops(s, reports, survivors)
         cls = s.lease.cls if s.lease else None
@@ -179,21 +185,37 @@ class Endings:
             self.st.records.remember(s)  # after the next grant: it is not on the handoff's path
         self.grants.release_idle_locks()
 
-    def _log_stops(self, s: SessionRec, reports: list[StopReport],
-                   survivors: list[dict[str, Any]]) -> None:  # fmt: skip
+    def _log_stops(
+        self, s: SessionRec, reports: list[StopReport], survivors: list[dict[str, Any]]
+    ) -> None:
         for r in reports:
             if isinstance(r, occupancy.LeftoverStop):
                 # Someone used the lease's device without a ticket: whose it was.
                 h = r.holder
-                self.st.log_for("leftover_stopped", s, holder_pid=h["pid"],
-                                holder_user=h["user"], holder_uid=h["uid"],
-                                command=h["command"], node=h["node"],
-                                device=f"{h['class']}:{h['device']}", tree=r.tree_id,
-                                outcome=r.outcome, ok=r.ok)  # fmt: skip
-            self.st.log_for("tree_stopped", s, tree=r.tree_id, outcome=r.outcome,
-                            stopped=len(r.stopped), killed=len(r.killed),
-                            duration_ms=round(r.duration * 1000, 1), survivors=survivors,
-                            holders_after=[h._asdict() for h in r.holders_after])  # fmt: skip
+                self.st.log_for(
+                    "leftover_stopped",
+                    s,
+                    holder_pid=h["pid"],
+                    holder_user=h["user"],
+                    holder_uid=h["uid"],
+                    command=h["command"],
+                    node=h["node"],
+                    device=f"{h['class']}:{h['device']}",
+                    tree=r.tree_id,
+                    outcome=r.outcome,
+                    ok=r.ok,
+                )
+            self.st.log_for(
+                "tree_stopped",
+                s,
+                tree=r.tree_id,
+                outcome=r.outcome,
+                stopped=len(r.stopped),
+                killed=len(r.killed),
+                duration_ms=round(r.duration * 1000, 1),
+                survivors=survivors,
+                holders_after=[h._asdict() for h in r.holders_after],
+            )
 
     def _free_devices(self, s: SessionRec, left: dict[int, Any]) -> None:
         """The lease's tokens removed and its devices out of ``held``; those still held blocked."""
@@ -273,12 +295,15 @@ def _live_owner(s: SessionRec) -> int | None:
 def _tree_of(s: SessionRec, t: TreeRec) -> Tree:
     root = ProcessId(t.root_pid, t.root_start) if t.root_pid and t.root_start else None
     return Tree(
-        t.tree_id, root, t.pgid, t.sid,
+        t.tree_id,
+        root,
+        t.pgid,
+        t.sid,
         leaf=Leaf(t.leaf) if t.leaf else None,
         since=t.since,
         # Running as root for another user: no further than that user could go.
         uid=limit_uid(s.uid),
-    )  # fmt: skip
+    )
 
 
 def limit_uid(uid: int) -> int | None:

@@ -69,8 +69,9 @@ def open_sd() -> StateDir:
     try:
         os.makedirs(sd.stacks(), mode=0o700, exist_ok=True)
     except OSError as e:
-        raise BadValue("stack directory", sd.stacks(), f"a directory you may write "
-                       f"({e.strerror})") from None  # fmt: skip
+        raise BadValue(
+            "stack directory", sd.stacks(), f"a directory you may write ({e.strerror})"
+        ) from None
     return sd
 
 

@@ -62,10 +62,11 @@ class StateDir:
         runtime = environ.get("XDG_RUNTIME_DIR")
         if not runtime:
             raise BadValue(
-                "stack directory", os.path.join(self.path, "stacks"),
+                "stack directory",
+                os.path.join(self.path, "stacks"),
                 "a directory you may write: set XDG_RUNTIME_DIR (the state directory "
                 f"{self.path} is the system daemon's, writable by root only)",
-            )  # fmt: skip
+            )
         return os.path.join(runtime, "hold", "stacks")
 
 
@@ -94,17 +95,21 @@ def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> str
         # its own (``/``, ``/tmp/..``).
         parts = explicit.split("/")
         if not explicit.startswith("/") or ".." in parts or os.path.normpath(explicit) == "/":
-            raise BadValue("HOLD_STATE_DIR", explicit,
-                           "an absolute path of a directory of its own (not /, no ..)")  # fmt: skip
+            raise BadValue(
+                "HOLD_STATE_DIR",
+                explicit,
+                "an absolute path of a directory of its own (not /, no ..)",
+            )
         return explicit
     if os.geteuid() == 0 or system_serves():
         return SYSTEM_DIR
     runtime = environ.get("XDG_RUNTIME_DIR")
     if not runtime:
         raise BadValue(
-            "state directory", "(none)",
+            "state directory",
+            "(none)",
             "set HOLD_STATE_DIR or XDG_RUNTIME_DIR (a directory only you can write)",
-        )  # fmt: skip
+        )
     return os.path.join(runtime, "hold")
 
 
@@ -122,9 +127,11 @@ def check(path: str) -> None:
 
 
 def open_state_dir(
-    environ: os._Environ[str] | dict[str, str] = os.environ, *, create: bool = True,
+    environ: os._Environ[str] | dict[str, str] = os.environ,
+    *,
+    create: bool = True,
     shared: bool = False,
-) -> StateDir:  # fmt: skip
+) -> StateDir:
     path = os.path.abspath(default_path(environ))
     if create:
         try:

@@ -22,8 +22,15 @@ from supervisor.safefile import UnsafePath, open_for_read, write_atomic
 
 # One class and one writer for every file we keep (supervisor.safefile): an
 # ``except UnsafePath`` here catches what any of them refuses.
-__all__ = ["UnsafePath", "line_label", "read_record", "remove_owned", "render", "token_line",
-           "write_atomic"]  # fmt: skip
+__all__ = [
+    "UnsafePath",
+    "line_label",
+    "read_record",
+    "remove_owned",
+    "render",
+    "token_line",
+    "write_atomic",
+]
 
 
 def remove_owned(path: str, root: str) -> None:

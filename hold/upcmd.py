@@ -131,8 +131,10 @@ def run_up(
         with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)):
             return StackRun(spec, sd, settings, seconds, status_fd).execute()
     except Interrupted as e:
-        say(f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
-            "nothing is left running")  # fmt: skip
+        say(
+            f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
+            "nothing is left running"
+        )
         return signalled(e.signum)
 
 

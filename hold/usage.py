@@ -42,10 +42,13 @@ SAMPLE = 30.0  # seconds between the held-time scans of live leases
 SEEN_KEPT = 4096  # stray sightings remembered (each is recorded once)
 
 # How a session's end reason (hold.sessions.Endings.end) is written in the history.
-ENDS = {HOLDER_ENDED: "ended", "lifeline": "lifeline",
-        "owner exited while detached": "owner_exited",
-        "owner died while the daemon was down": "recovered",
-        "expired, not stopped by the client": "expired"}  # fmt: skip
+ENDS = {
+    HOLDER_ENDED: "ended",
+    "lifeline": "lifeline",
+    "owner exited while detached": "owner_exited",
+    "owner died while the daemon was down": "recovered",
+    "expired, not stopped by the client": "expired",
+}
 
 
 class Usage:
@@ -67,8 +70,9 @@ class Usage:
         self._wake: threading.Event | None = None
 
     def count(self, cls: str, name: str, by: float = 1.0) -> None:
-        c = self.counters.setdefault(cls, {"grants": 0, "expiries": 0, "waits": 0,
-                                           "wait_seconds": 0.0})  # fmt: skip
+        c = self.counters.setdefault(
+            cls, {"grants": 0, "expiries": 0, "waits": 0, "wait_seconds": 0.0}
+        )
         c[name] = c.get(name, 0) + by
 
     # ------------------------------------------------------------ the hooks
@@ -110,9 +114,14 @@ class Usage:
                 self._stray(s.lease.cls, int(kw["device"]), h)
         elif event == "leftover_stopped":
             cls, _, index = str(kw.get("device", "?:0")).rpartition(":")
-            h = {"pid": kw.get("holder_pid"), "uid": kw.get("holder_uid"),
-                 "user": kw.get("holder_user"), "command": kw.get("command"),
-                 "starttime": 0, "memory_bytes": None}  # fmt: skip
+            h = {
+                "pid": kw.get("holder_pid"),
+                "uid": kw.get("holder_uid"),
+                "user": kw.get("holder_user"),
+                "command": kw.get("command"),
+                "starttime": 0,
+                "memory_bytes": None,
+            }
             self._stray(cls, int(index), h, during=lid)
 
     def ended(self, s: SessionRec, now: float | None = None) -> None:
@@ -130,13 +139,24 @@ class Usage:
             held = self._held.pop(lid, 0.0) if lid in self._last else None
             self._last.pop(lid, None)
         ended = time.time() if now is None else now
-        self.history.append({
-            "kind": "lease", "lease": lid, "user": s.user, "uid": s.uid, "cls": lease.cls,
-            "devices": list(lease.devices), "label": lease.label, "private": lease.private,
-            "requested": self.requested.pop(lid, None), "granted": lease.granted,
-            "ended": ended, "end": end, "by": by,
-            "held": None if held is None else round(min(held, ended - lease.granted), 3),
-        })  # fmt: skip
+        self.history.append(
+            {
+                "kind": "lease",
+                "lease": lid,
+                "user": s.user,
+                "uid": s.uid,
+                "cls": lease.cls,
+                "devices": list(lease.devices),
+                "label": lease.label,
+                "private": lease.private,
+                "requested": self.requested.pop(lid, None),
+                "granted": lease.granted,
+                "ended": ended,
+                "end": end,
+                "by": by,
+                "held": None if held is None else round(min(held, ended - lease.granted), 3),
+            }
+        )
 
     def held(self, lid: str) -> float | None:
         with self._lock:
@@ -146,8 +166,10 @@ class Usage:
 
     def _class_of(self, node: str, index: int) -> str | None:
         key = node_key(node)
-        return next((c for c, keys in self.st.keys.items()
-                     if index < len(keys) and keys[index] == key), None)  # fmt: skip
+        return next(
+            (c for c, keys in self.st.keys.items() if index < len(keys) and keys[index] == key),
+            None,
+        )
 
     def _stray(self, cls: str, index: int, h: dict[str, Any], during: str | None = None) -> None:
         pid = h.get("pid")
@@ -159,11 +181,20 @@ class Usage:
         self.seen[key] = None
         while len(self.seen) > SEEN_KEPT:
             del self.seen[next(iter(self.seen))]
-        self.history.append({
-            "kind": "stray", "cls": cls, "device": index, "pid": pid, "uid": h.get("uid"),
-            "user": h.get("user"), "command": str(h.get("command") or "")[:200],
-            "memory_bytes": h.get("memory_bytes"), "seen": time.time(), "lease": during,
-        })  # fmt: skip
+        self.history.append(
+            {
+                "kind": "stray",
+                "cls": cls,
+                "device": index,
+                "pid": pid,
+                "uid": h.get("uid"),
+                "user": h.get("user"),
+                "command": str(h.get("command") or "")[:200],
+                "memory_bytes": h.get("memory_bytes"),
+                "seen": time.time(),
+                "lease": during,
+            }
+        )
 
     # ---------------------------------------------------------- the sampler
 
@@ -178,9 +209,11 @@ class Usage:
 
     def scan_once(self) -> None:
         """Scan the nodes of every live lease once; credit those found held."""
-        leases = [(s.lease.lease_id, s.lease.cls, list(s.lease.devices))
-                  for s in list(self.st.sessions.values())
-                  if s.lease is not None and s.lease.state != "ending"]  # fmt: skip
+        leases = [
+            (s.lease.lease_id, s.lease.cls, list(s.lease.devices))
+            for s in list(self.st.sessions.values())
+            if s.lease is not None and s.lease.state != "ending"
+        ]
         for lid, cls, devices in leases:
             with self._lock:
                 if lid not in self._last:

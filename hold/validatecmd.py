@@ -87,8 +87,9 @@ def plan_lines(spec: StackSpec, path: str) -> list[str]:
             u = spec.units[name]
             cpus = format_cpus(u.cpus) if u.cpus else "-"
             limit = f"timeout {u.timeout:g}s" if u.timeout is not None else "no timeout"
-            out.append(f"  {name.ljust(width)}  cpus {cpus}, {limit}, "
-                       f"concurrency {u.concurrency or 1}")  # fmt: skip
+            out.append(
+                f"  {name.ljust(width)}  cpus {cpus}, {limit}, concurrency {u.concurrency or 1}"
+            )
     return out
 
 

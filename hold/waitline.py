@@ -60,8 +60,9 @@ class WaitLine:
             pass
 
 
-def summary(cls: str, note: Mapping[str, object] | None, waited: float,
-            room: int | None = None) -> str:  # fmt: skip
+def summary(
+    cls: str, note: Mapping[str, object] | None, waited: float, room: int | None = None
+) -> str:
     """The live line's text: how long, the place in line, who holds it, the time left.
 
     ``npu:0: ann's 'train', 1h12m left``: the labels (the free text) are cut

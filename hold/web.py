@@ -84,13 +84,18 @@ def parse_listen(text: str) -> Listen:
 
 def exposure_warning(where: Listen, euid: int) -> str:
     """What anyone who can reach a non-loopback address sees: said before serving."""
-    labels = ("every label, private ones too (root sees them)" if euid == 0
-              else "lease labels (not private ones)")  # fmt: skip
-    return (f"hold web: WARNING: {where.host}:{where.port} is not loopback: anyone who can "
-            "reach it, without a login, sees who holds which device (user, pid, lease, "
-            f"since, until), {labels}, who waits in line, and the pid, user and command "
-            "line of every process holding a device node (strays too). The page acts on "
-            "nothing (GET only).")  # fmt: skip
+    labels = (
+        "every label, private ones too (root sees them)"
+        if euid == 0
+        else "lease labels (not private ones)"
+    )
+    return (
+        f"hold web: WARNING: {where.host}:{where.port} is not loopback: anyone who can "
+        "reach it, without a login, sees who holds which device (user, pid, lease, "
+        f"since, until), {labels}, who waits in line, and the pid, user and command "
+        "line of every process holding a device node (strays too). The page acts on "
+        "nothing (GET only)."
+    )
 
 
 # ------------------------------------------------------------------ the documents
@@ -122,8 +127,9 @@ class Sources:
     """Where the page's documents come from, each the command's own (a test swaps
     in its own Sources)."""
 
-    def __init__(self, sd: StateDir, classes: dict[str, DeviceClass],
-                 report_labels: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, sd: StateDir, classes: dict[str, DeviceClass], report_labels: bool = False
+    ) -> None:
         self.sd, self.classes, self.report_labels = sd, classes, report_labels
         self._answer = _Fresh(self._ask_status)  # the daemon's status answer, whole
         self._audit = _Fresh(self._scan)
@@ -215,13 +221,17 @@ class Handler(BaseHTTPRequestHandler):
             return False
         if self.command not in ("GET", "HEAD"):
             self._drain()
-            self._send(405, b"read-only: GET only\n", "text/plain; charset=utf-8",
-                       {"Allow": "GET, HEAD"})  # fmt: skip
+            self._send(
+                405, b"read-only: GET only\n", "text/plain; charset=utf-8", {"Allow": "GET, HEAD"}
+            )
             return False
         host = self.headers.get("Host", "")
         if self.server.where.loopback and host.lower() not in self.server.hosts:
-            self._send(421, b"this page answers requests for this machine only\n",
-                       "text/plain; charset=utf-8")  # fmt: skip
+            self._send(
+                421,
+                b"this page answers requests for this machine only\n",
+                "text/plain; charset=utf-8",
+            )
             return False
         return True
 
@@ -239,8 +249,11 @@ class Handler(BaseHTTPRequestHandler):
                 name, ctype = ASSETS[path]
                 self._send(200, files("hold").joinpath("webpage", name).read_bytes(), ctype)
             elif path in ("/status.json", "/audit.json", "/report.json"):
-                doc = {"/status.json": src.status, "/audit.json": src.audit,
-                       "/report.json": src.report}[path]()  # fmt: skip
+                doc = {
+                    "/status.json": src.status,
+                    "/audit.json": src.audit,
+                    "/report.json": src.report,
+                }[path]()
                 self._json(200, doc)
             elif path == "/metrics":
                 self._send(200, src.metrics().encode(), METRICS_TYPE)
@@ -255,8 +268,9 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, code: int, doc: dict[str, Any]) -> None:
         self._send(code, json.dumps(doc, sort_keys=True).encode(), JSON_TYPE)
 
-    def _send(self, code: int, body: bytes, ctype: str,
-              extra: dict[str, str] | None = None) -> None:  # fmt: skip
+    def _send(
+        self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None
+    ) -> None:
         self.send_response(code)
         for k, v in {**HEADERS, "Content-Type": ctype, **(extra or {})}.items():
             self.send_header(k, v)

@@ -352,9 +352,23 @@ class Call:
         """The result of a call that never started (``cancelled`` for exit 130)."""
         outcome = "cancelled" if code == CANCELLED else "failed"
         return CallResult(
-            self.id, self.runner.name, outcome, code, None, b"", False, 0, b"", False,
-            0.0, queued, self.runner.cpus, self.args_sha256, None, why,
-        )  # fmt: skip
+            self.id,
+            self.runner.name,
+            outcome,
+            code,
+            None,
+            b"",
+            False,
+            0,
+            b"",
+            False,
+            0.0,
+            queued,
+            self.runner.cpus,
+            self.args_sha256,
+            None,
+            why,
+        )
 
     def finish(self, result: CallResult) -> None:
         """Done: the result is there, the callbacks are told (by the call's thread)."""

@@ -36,8 +36,19 @@ from typing import NamedTuple, NoReturn
 
 _SYS_CLONE3 = 435  # the same number on every Linux architecture (the generic syscall table)
 _CLONE_INTO_CGROUP = 0x200000000
-_FIELDS = ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size",
-           "tls", "set_tid", "set_tid_size", "cgroup")  # fmt: skip
+_FIELDS = (
+    "flags",
+    "pidfd",
+    "child_tid",
+    "parent_tid",
+    "exit_signal",
+    "stack",
+    "stack_size",
+    "tls",
+    "set_tid",
+    "set_tid_size",
+    "cgroup",
+)
 _ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 # Why clone3 cannot be used in this process, once the kernel has said so

@@ -108,8 +108,13 @@ class Parking:
             os.write(parked.in_w, b"\n")  # "not needed": it exits by itself
         except OSError:
             pass
-        tree = Tree(os.path.basename(parked.leaf.path), parked.child.ident,
-                    parked.child.pid, parked.child.pid, leaf=parked.leaf)  # fmt: skip
+        tree = Tree(
+            os.path.basename(parked.leaf.path),
+            parked.child.ident,
+            parked.child.pid,
+            parked.child.pid,
+            leaf=parked.leaf,
+        )
         stop_tree(tree, grace=1.0)
         parked.child.collect()
         parked.pipes.close_all()

@@ -221,11 +221,25 @@ class _Running:
         }.get(outcome, "")
         out, err, call = self.out, self.err, self.call
         return CallResult(
-            call.id, self.launch.unit, outcome, code, returncode,
-            bytes(out.data), out.truncated, out.total,
-            bytes(err.data), err.truncated,
-            wall, queued, self.cpus, call.args_sha256, self.child.pid, detail, survivors, report,
-        )  # fmt: skip
+            call.id,
+            self.launch.unit,
+            outcome,
+            code,
+            returncode,
+            bytes(out.data),
+            out.truncated,
+            out.total,
+            bytes(err.data),
+            err.truncated,
+            wall,
+            queued,
+            self.cpus,
+            call.args_sha256,
+            self.child.pid,
+            detail,
+            survivors,
+            report,
+        )
 
 
 def reap_orphans_of(tree: Tree) -> None:

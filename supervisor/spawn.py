@@ -248,8 +248,9 @@ def spawn(
         try:
             pid = None
             if cgroup is not None:  # born in the leaf where the kernel allows it
-                pid = clone_into(cgroup.path, program, argv, env, actions,
-                                 new_session=new_session, cwd=cwd)  # fmt: skip
+                pid = clone_into(
+                    cgroup.path, program, argv, env, actions, new_session=new_session, cwd=cwd
+                )
             if pid is None:
                 pid = _posix_spawn(program, argv, env, actions, new_session, cgroup, cwd)
         except ChdirFailed as e:
@@ -273,9 +274,14 @@ def spawn(
 
 
 def _posix_spawn(
-    program: str, argv: Sequence[str], env: Mapping[str, str], actions: list[tuple[int, ...]],
-    new_session: bool, cgroup: Leaf | None, cwd: str | None,
-) -> int:  # fmt: skip
+    program: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    actions: list[tuple[int, ...]],
+    new_session: bool,
+    cgroup: Leaf | None,
+    cwd: str | None,
+) -> int:
     """``posix_spawn`` of the program, or of the stub that gets it into ``cgroup``/``cwd``."""
     path, args = _exec_of(program, argv, env, cgroup, cwd)
     return os.posix_spawn(

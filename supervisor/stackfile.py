@@ -50,14 +50,36 @@ from supervisor.stackspec import (
 from supervisor.stackvalues import UNIT_KINDS, YamlWord
 
 __all__ = [
-    "READY_KINDS", "UNIT_KINDS", "ArgSpec", "HoldSpec", "LivenessSpec", "ReadySpec",
-    "RestartSpec", "ScratchSpec", "StackFileError", "StackSpec", "StopSpec", "UnitSpec",
-    "fill", "filled_env", "load",
-]  # fmt: skip
+    "READY_KINDS",
+    "UNIT_KINDS",
+    "ArgSpec",
+    "HoldSpec",
+    "LivenessSpec",
+    "ReadySpec",
+    "RestartSpec",
+    "ScratchSpec",
+    "StackFileError",
+    "StackSpec",
+    "StopSpec",
+    "UnitSpec",
+    "fill",
+    "filled_env",
+    "load",
+]
 
 # Found in supervisor.stackrefusals (pydantic), imported only when asked for.
-_REFUSALS = ("SYNONYMS", "ArgModel", "HoldModel", "LivenessModel", "ReadyModel",
-             "RestartModel", "ScratchModel", "StackModel", "StopModel", "UnitModel")  # fmt: skip
+_REFUSALS = (
+    "SYNONYMS",
+    "ArgModel",
+    "HoldModel",
+    "LivenessModel",
+    "ReadyModel",
+    "RestartModel",
+    "ScratchModel",
+    "StackModel",
+    "StopModel",
+    "UnitModel",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -128,8 +128,11 @@ def _unit(value: Any) -> ss.UnitSpec:
     return ss.UnitSpec(**_fields(value, _UNIT), conditions=conditions)
 
 
-_HOLD = {"device": (sv.text, _REQUIRED), "ttl": (_nullable(sv.duration), None),
-         "label": (_nullable(sv.text), None)}  # fmt: skip
+_HOLD = {
+    "device": (sv.text, _REQUIRED),
+    "ttl": (_nullable(sv.duration), None),
+    "label": (_nullable(sv.text), None),
+}
 _PROBE = {
     "http": (_nullable(sv.http_path), None),
     "tcp": (_nullable(sv.tcp_port), None),
@@ -138,15 +141,29 @@ _PROBE = {
     "timeout": (sv.duration, 60.0),
 }
 _READY = {**_PROBE, "log": (_nullable(sv.regex), None), "notify": (_nullable(sv.notify_flag), None)}
-_LIVENESS = {**_PROBE, "period": (sv.duration, 10.0), "timeout": (sv.duration, 5.0),
-             "failures": (sv.positive, 3)}  # fmt: skip
-_RESTART = {"policy": (sv.policy, "no"), "max": (sv.count, 3), "backoff": (sv.grace, 1.0),
-            "max_backoff": (sv.grace, 30.0), "reset_after": (sv.duration, 30.0)}  # fmt: skip
+_LIVENESS = {
+    **_PROBE,
+    "period": (sv.duration, 10.0),
+    "timeout": (sv.duration, 5.0),
+    "failures": (sv.positive, 3),
+}
+_RESTART = {
+    "policy": (sv.policy, "no"),
+    "max": (sv.count, 3),
+    "backoff": (sv.grace, 1.0),
+    "max_backoff": (sv.grace, 30.0),
+    "reset_after": (sv.duration, 30.0),
+}
 _STOP = {"signal": (sv.stop_signal, ss.StopSpec.signal), "grace": (sv.grace, 10.0)}
 _SCRATCH = {"keep": (sv.flag, False), "min_free": (_nullable(sv.size), None)}
-_ARG = {"type": (sv.arg_type, _REQUIRED), "min": (_nullable(sv.number), None),
-        "max": (_nullable(sv.number), None), "max_len": (_nullable(sv.count), None),
-        "choices": (_nullable(sv.choices), None), "required": (sv.flag, False)}  # fmt: skip
+_ARG = {
+    "type": (sv.arg_type, _REQUIRED),
+    "min": (_nullable(sv.number), None),
+    "max": (_nullable(sv.number), None),
+    "max_len": (_nullable(sv.count), None),
+    "choices": (_nullable(sv.choices), None),
+    "required": (sv.flag, False),
+}
 _UNIT: dict[str, tuple[Read, Any]] = {
     "kind": (sv.kind, "service"),
     "cmd": (_items(sv.arg, at_least=1), _REQUIRED),

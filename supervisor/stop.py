@@ -162,8 +162,11 @@ def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
                 pass
             group_stopped = True
             continue
-        new = {pid: m for pid, m in members.items() if pid not in frozen
-               or frozen[pid].ident != m.ident}  # fmt: skip
+        new = {
+            pid: m
+            for pid, m in members.items()
+            if pid not in frozen or frozen[pid].ident != m.ident
+        }
         if not new:
             quiet += 1
             if quiet == 2:

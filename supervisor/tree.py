@@ -85,8 +85,22 @@ class Tree:
     walks /proc (see :attr:`leaf_only`).
     """
 
-    __slots__ = ("_inos", "adopts_orphans", "born_in_leaf", "cache", "leaf", "owned", "pgid",
-                 "root", "seen", "sid", "since", "spare", "tree_id", "uid")  # fmt: skip
+    __slots__ = (
+        "_inos",
+        "adopts_orphans",
+        "born_in_leaf",
+        "cache",
+        "leaf",
+        "owned",
+        "pgid",
+        "root",
+        "seen",
+        "sid",
+        "since",
+        "spare",
+        "tree_id",
+        "uid",
+    )
 
     def __init__(
         self,

@@ -116,9 +116,14 @@ def decode(data: bytes, path: str) -> str:
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise YamlError(
             path,
-            [(line, f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
-                    f"(line {line}, column {column}): {e.reason}")],
-        ) from None  # fmt: skip
+            [
+                (
+                    line,
+                    f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
+                    f"(line {line}, column {column}): {e.reason}",
+                )
+            ],
+        ) from None
 
 
 def compose_bytes(data: bytes, path: str) -> yaml.Node | None:
@@ -295,9 +300,12 @@ class _Composer:
         first = top.keys.get(name)
         if first is not None:
             self.problems.append(
-                (line, f"{_dotted((*top.path, name))}: duplicate key {shorten(name)}, first at "
-                       f"{self.path}:{first} (each key once)")
-            )  # fmt: skip
+                (
+                    line,
+                    f"{_dotted((*top.path, name))}: duplicate key {shorten(name)}, first at "
+                    f"{self.path}:{first} (each key once)",
+                )
+            )
         else:
             top.keys[name] = line
         top.key = node

@@ -513,9 +513,19 @@ def _fill_runtime(base: Path) -> Path:
     site = Path(sysconfig.get_paths()["purelib"])
     for pkg in ("hold", "supervisor"):
         shutil.copytree(ROOT / pkg, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    deps = ("psutil", "yaml", "_yaml", "click", "filelock", "structlog", "pydantic",
-            "pydantic_core", "annotated_types", "typing_inspection",
-            "typing_extensions.py")  # fmt: skip
+    deps = (
+        "psutil",
+        "yaml",
+        "_yaml",
+        "click",
+        "filelock",
+        "structlog",
+        "pydantic",
+        "pydantic_core",
+        "annotated_types",
+        "typing_inspection",
+        "typing_extensions.py",
+    )
     for pkg in deps:
         src = site / pkg
         if src.is_dir():
@@ -543,10 +553,19 @@ def unpriv_python() -> str:
         real = os.path.realpath(cand)
         # Checked the way as_user() runs it (through env -i), not by a direct exec.
         ok = subprocess.run(
-            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-             "env", "-i", real, "-c", "pass"],
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                "env",
+                "-i",
+                real,
+                "-c",
+                "pass",
+            ],
             capture_output=True,
-        )  # fmt: skip
+        )
         if ok.returncode == 0:
             return real
     pytest.skip("no Python interpreter here that an unprivileged user may run")
@@ -564,6 +583,12 @@ def as_user(user: str, argv: list[str], runtime: Path, env: dict[str, str]) -> l
         **env,
     }
     return [
-        "setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
-        "env", "-i", *[f"{k}={v}" for k, v in full.items()], *argv,
-    ]  # fmt: skip
+        "setpriv",
+        f"--reuid={pw.pw_uid}",
+        f"--regid={pw.pw_gid}",
+        "--init-groups",
+        "env",
+        "-i",
+        *[f"{k}={v}" for k, v in full.items()],
+        *argv,
+    ]

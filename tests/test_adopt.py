@@ -53,9 +53,11 @@ class Jobs:
         """A holder of ``node`` with a child (``main``, ``child``: pids), running."""
         self.n += 1
         out = self.base / f"job{self.n}.out"
-        proc = subprocess.Popen([sys.executable, HOLDER, str(out), "fd", str(node), "--child",
-                                 *opts], stdin=subprocess.DEVNULL,
-                                start_new_session=session)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, HOLDER, str(out), "fd", str(node), "--child", *opts],
+            stdin=subprocess.DEVNULL,
+            start_new_session=session,
+        )
         self.jobs.append(proc)
 
         def roles() -> dict[str, int]:
@@ -70,8 +72,13 @@ class Jobs:
 
     def adopt(self, pid: int, *opts: str, prog: list[str] | None = None) -> subprocess.Popen[str]:
         argv = [*(prog or [*HOLD, "run", "--device", "fake"]), "--adopt", str(pid), *opts]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.clients.append(proc)
         return proc
 
@@ -162,8 +169,9 @@ def test_gpu_hold_adopts_and_release_stops_it(tmp_path: Path, jobs: Jobs) -> Non
         0.02,
         "gpu:1 leased",
     )
-    res = subprocess.run([*HOLD, "release", str(lease["lease"])], capture_output=True, text=True,
-                         timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "release", str(lease["lease"])], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 0, res.stderr
     code, err = ended(client)
     assert code == 6, err
@@ -201,8 +209,9 @@ def test_the_job_ending_by_itself_ends_the_lease(tmp_path: Path, jobs: Jobs) -> 
 
 
 def refused(argv: list[str], **kw: object) -> str:
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                         stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]  # fmt: skip
+    res = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, **kw
+    )  # type: ignore[call-overload]
     assert res.returncode == 2, (res.returncode, res.stderr)
     return str(res.stderr)
 
@@ -235,8 +244,10 @@ def test_a_job_on_another_lease_s_device_is_refused_naming_that_lease(
     tmp_path: Path, jobs: Jobs
 ) -> None:
     nodes = fake_nodes(tmp_path)
-    other = subprocess.Popen([*HOLD, "run", "--device", "fake:0", "-l", "theirs", "--",
-                              "sleep", "60"], stdin=subprocess.DEVNULL)  # fmt: skip
+    other = subprocess.Popen(
+        [*HOLD, "run", "--device", "fake:0", "-l", "theirs", "--", "sleep", "60"],
+        stdin=subprocess.DEVNULL,
+    )
     try:
         lease = wait_for(lambda: token(0), 20, 0.02, "the other lease")
         job = jobs.job(nodes[0])  # a stray on fake:0, leased to the other
@@ -289,13 +300,28 @@ def test_the_daemon_itself_refuses_what_the_client_would(tmp_path: Path) -> None
     fake_nodes(tmp_path)
     client = Client.with_session(open_state_dir())
     try:
-        for pid, why in ((1, "pid 1 (init) is never adopted"),
-                         (os.getppid(), "is an ancestor of this process")):  # fmt: skip
+        for pid, why in (
+            (1, "pid 1 (init) is never adopted"),
+            (os.getppid(), "is an ancestor of this process"),
+        ):
             start = ProcessId.of(pid).starttime
-            tree = {"tree_id": os.urandom(6).hex(), "leaf": None, "grace": 1.0,
-                    "adopt": {"pid": pid, "start": start}}  # fmt: skip
-            ans = client.request({"op": "acquire", "cls": "fake", "count": 1, "label": "x",
-                                  "ttl": 10.0, "grace": 1.0, "tree": tree})  # fmt: skip
+            tree = {
+                "tree_id": os.urandom(6).hex(),
+                "leaf": None,
+                "grace": 1.0,
+                "adopt": {"pid": pid, "start": start},
+            }
+            ans = client.request(
+                {
+                    "op": "acquire",
+                    "cls": "fake",
+                    "count": 1,
+                    "label": "x",
+                    "ttl": 10.0,
+                    "grace": 1.0,
+                    "tree": tree,
+                }
+            )
             assert ans.get("ev") == "error" and why in str(ans.get("error")), ans
     finally:
         client.close()
@@ -322,8 +348,12 @@ def test_audit_suggests_adopting_a_stray_of_the_caller(tmp_path: Path, jobs: Job
 def test_a_device_the_job_blocked_is_granted_to_its_adoption(tmp_path: Path, jobs: Jobs) -> None:
     nodes = fake_nodes(tmp_path, count=1)
     job = jobs.job(nodes[0])
-    busy = subprocess.run([*HOLD, "run", "--device", "fake", "--no-wait", "--", "true"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    busy = subprocess.run(
+        [*HOLD, "run", "--device", "fake", "--no-wait", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert busy.returncode == 75 and "OUTSIDE any lease" in busy.stderr, busy.stderr
     client = jobs.adopt(job["main"], "-t", "2s", "--wait-timeout", "10s")
     code, err = ended(client)
@@ -333,8 +363,9 @@ def test_a_device_the_job_blocked_is_granted_to_its_adoption(tmp_path: Path, job
 
 def test_ctrl_c_while_waiting_in_line_leaves_the_job_running(tmp_path: Path, jobs: Jobs) -> None:
     fake_nodes(tmp_path, count=1)
-    other = subprocess.Popen([*HOLD, "run", "--device", "fake", "--", "sleep", "60"],
-                             stdin=subprocess.DEVNULL)  # fmt: skip
+    other = subprocess.Popen(
+        [*HOLD, "run", "--device", "fake", "--", "sleep", "60"], stdin=subprocess.DEVNULL
+    )
     try:
         wait_for(lambda: token(0), 20, 0.02, "the other lease")
         sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)

@@ -30,8 +30,14 @@ def write(path: Path, *classes: str) -> Path:
 
 
 def hold(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HOLD, *args], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    return subprocess.run(
+        [*HOLD, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def test_an_idle_daemon_with_another_configuration_is_replaced(tmp_path: Path) -> None:
@@ -56,15 +62,31 @@ def test_a_busy_daemon_with_another_configuration_is_named(tmp_path: Path) -> No
     env = {**os.environ, "HOLD_CONFIG": str(first)}
     work = tmp_path / "work"
     work.mkdir()
-    holder = subprocess.Popen([*HOLD, "run", "-d", "alpha", "-l", "A", "--", sys.executable,
-                               GATED, str(work), "A", "--wait"], env=env,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            *HOLD,
+            "run",
+            "-d",
+            "alpha",
+            "-l",
+            "A",
+            "--",
+            sys.executable,
+            GATED,
+            str(work),
+            "A",
+            "--wait",
+        ],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: (work / "A.ready").exists(), 20, what="the holder")
         pid = daemon_pid(state)
         second = write(tmp_path / "b.yaml", nodes(tmp_path, "beta"))
-        res = hold("run", "-d", "beta", "--", "true",
-                   env={**os.environ, "HOLD_CONFIG": str(second)})  # fmt: skip
+        res = hold(
+            "run", "-d", "beta", "--", "true", env={**os.environ, "HOLD_CONFIG": str(second)}
+        )
         assert res.returncode == 2, res.stderr
         assert f"(pid {pid}) reads another configuration ({first})" in res.stderr
         assert "alpha lease" in res.stderr and "cannot be replaced" in res.stderr
@@ -81,9 +103,23 @@ def test_reload_adds_a_class_and_refuses_to_drop_one_with_a_live_lease(tmp_path:
     write(config, alpha)
     work = tmp_path / "work"
     work.mkdir()
-    holder = subprocess.Popen([*HOLD, "run", "-d", "alpha", "-l", "A", "--", sys.executable,
-                               GATED, str(work), "A", "--wait"],
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            *HOLD,
+            "run",
+            "-d",
+            "alpha",
+            "-l",
+            "A",
+            "--",
+            sys.executable,
+            GATED,
+            str(work),
+            "A",
+            "--wait",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: (work / "A.ready").exists(), 20, what="the holder")
         pid = daemon_pid(state)
@@ -119,8 +155,13 @@ def test_a_broken_configuration_is_an_error_with_file_and_line_everywhere(tmp_pa
     config.write_text("devices:\n  npu:\n    nodes: [/dev/x]\n    node: [/dev/y]\n")
     ran = tmp_path / "ran"
     touch = ("--", "touch", str(ran))
-    for args in (("status",), ("run", *touch), ("check",), ("run", "-d", "npu", *touch),
-                 ("daemon", "--reload")):  # fmt: skip
+    for args in (
+        ("status",),
+        ("run", *touch),
+        ("check",),
+        ("run", "-d", "npu", *touch),
+        ("daemon", "--reload"),
+    ):
         res = hold(*args)
         assert res.returncode == 2, (args, res.stderr)
         assert f"{config}:4" in res.stderr and "node" in res.stderr, (args, res.stderr)

@@ -132,9 +132,13 @@ def fake_class(tmp_path: Path, name: str, count: int, cgroups: str = "auto") -> 
 
 def hold(*args: str, timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*HOLD, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=timeout, **kw,
-    )  # fmt: skip
+        [*HOLD, *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def status() -> dict[str, Any]:
@@ -205,8 +209,10 @@ def wait_tree_gone(pids: list[int], device: Path, timeout: float) -> float:
     t0 = time.monotonic()
     wait_for(
         lambda: not any(alive(p) for p in pids) and not holders_of_file(device),
-        timeout, 0.02, "the tree to be stopped",
-    )  # fmt: skip
+        timeout,
+        0.02,
+        "the tree to be stopped",
+    )
     return time.monotonic() - t0
 
 
@@ -243,8 +249,10 @@ def test_mutual_exclusion_under_contention(tmp_path: Path, clients: Clients) -> 
     marker, log = tmp_path / "inside", tmp_path / "log"
     n = 30
     t0 = time.monotonic()
-    argv = [[NPU_HOLD, "-l", f"c{i}", "--", PY, CRITICAL, str(marker), str(log), f"c{i}"]
-            for i in range(n)]  # fmt: skip
+    argv = [
+        [NPU_HOLD, "-l", f"c{i}", "--", PY, CRITICAL, str(marker), str(log), f"c{i}"]
+        for i in range(n)
+    ]
     procs = [clients.start(a, f"c{i}") for i, a in enumerate(argv)]
     codes = [clients.wait(p, 90) for p in procs]
     took = time.monotonic() - t0
@@ -279,14 +287,16 @@ def test_two_devices_wait_in_line_and_are_not_starved(tmp_path: Path, clients: C
     h = clients.start([*run, "fake:0", "-l", "H", "--", *gated(tmp_path, "H", wait=True)], "H")
     wait_file(tmp_path / "H.ready")
     # W wants both devices; one is free, the other held by H: W waits.
-    w = clients.start([*run, "fake", "-n", "2", "-l", "W", "--",
-                       *gated(tmp_path, "W", wait=True)], "W")  # fmt: skip
+    w = clients.start(
+        [*run, "fake", "-n", "2", "-l", "W", "--", *gated(tmp_path, "W", wait=True)], "W"
+    )
     wait_queued("fake", 1)
     # Later single requests do not take the free device W is waiting for.
     singles = []
     for i, name in enumerate(["S1", "S2"], 2):
-        singles.append(clients.start([*run, "fake", "-l", name, "--", *gated(tmp_path, name)],
-                                     name))  # fmt: skip
+        singles.append(
+            clients.start([*run, "fake", "-l", name, "--", *gated(tmp_path, name)], name)
+        )
         wait_queued("fake", i)
     st = status()["fake"]
     assert st["devices"][1]["holder"] is None  # free, but reserved for W
@@ -320,8 +330,10 @@ def test_holder_sigkilled_tree_stopped_and_next_granted_within_1s(
     argv, device, _port, ready = nasty(tmp_path)
     h = clients.start([NPU_HOLD, "-l", "nasty", "--grace", "0.5s", "--", *argv], "H")
     pids = wait_nasty_ready(ready)
-    lease = wait_for(lambda: (tok := token("npu")) and tok["command_pid"] and tok["lease"],
-                     what="the holder's token")  # fmt: skip
+    lease = wait_for(
+        lambda: (tok := token("npu")) and tok["command_pid"] and tok["lease"],
+        what="the holder's token",
+    )
     assert holders_of_file(device), "the escapee holds the device file"
     w = clients.start([NPU_HOLD, "-l", "next", "--", *gated(tmp_path, "W")], "W")
     wait_queued("npu", 1)
@@ -330,8 +342,12 @@ def test_holder_sigkilled_tree_stopped_and_next_granted_within_1s(
     h.kill()
     # The waiter is granted once the tree is stopped (the whole 0.5 s grace:
     # everything ignores TERM), and its token names its own lease.
-    wait_for(lambda: (tok := token("npu")) is not None and tok["lease"] != lease,
-             10, 0.005, "the next waiter's grant")  # fmt: skip
+    wait_for(
+        lambda: (tok := token("npu")) is not None and tok["lease"] != lease,
+        10,
+        0.005,
+        "the next waiter's grant",
+    )
     # The tree was stopped before the grant.
     assert_tree_gone(pids, device)
     assert clients.wait(w) == 0, clients.stderr(w)
@@ -382,8 +398,10 @@ def test_daemon_sigkilled_holder_reattaches_nobody_else_granted(
 ) -> None:
     h = clients.start([NPU_HOLD, "-l", "holder", "--", *gated(tmp_path, "H", wait=True)], "H")
     wait_file(tmp_path / "H.ready")
-    lease = wait_for(lambda: (tok := token("npu")) and tok["command_pid"] and tok["lease"],
-                     what="the holder's token")  # fmt: skip
+    lease = wait_for(
+        lambda: (tok := token("npu")) and tok["command_pid"] and tok["lease"],
+        what="the holder's token",
+    )
     w = clients.start([NPU_HOLD, "-l", "W", "--", *gated(tmp_path, "W")], "W")
     wait_queued("npu", 1)
 
@@ -425,8 +443,10 @@ def test_daemon_restarted_after_holder_died_stops_the_orphaned_tree(
     argv, device, _port, ready = nasty(tmp_path)
     h = clients.start([NPU_HOLD, "-l", "orphaned", "--grace", "0.5s", "--", *argv], "H")
     pids = wait_nasty_ready(ready)
-    lease = wait_for(lambda: (tok := token("npu")) and tok["command_pid"] and tok["lease"],
-                     what="the holder's token")  # fmt: skip
+    lease = wait_for(
+        lambda: (tok := token("npu")) and tok["command_pid"] and tok["lease"],
+        what="the holder's token",
+    )
     # Stopped first, so that it cannot re-attach between the two kills.
     h.send_signal(signal.SIGSTOP)
     kill_daemon()
@@ -453,14 +473,16 @@ def test_daemon_restarted_after_holder_died_stops_the_orphaned_tree(
 CHECK_NPU = [PY, "-m", "hold", "check", "--device", "npu"]
 
 
-def start_gated_holder(clients: Clients, tmp_path: Path, prog: str = NPU_HOLD) -> tuple[
-    subprocess.Popen[str], str
-]:  # fmt: skip
+def start_gated_holder(
+    clients: Clients, tmp_path: Path, prog: str = NPU_HOLD
+) -> tuple[subprocess.Popen[str], str]:
     h = clients.start([prog, "-l", "holder", "--", *gated(tmp_path, "H", wait=True)], "H")
     wait_file(tmp_path / "H.ready")
     cls = "gpu" if prog == GPU_HOLD else "npu"
-    lease: str = wait_for(lambda: (tok := token(cls)) and tok["command_pid"] and tok["lease"],
-                          what="the holder's token")  # fmt: skip
+    lease: str = wait_for(
+        lambda: (tok := token(cls)) and tok["command_pid"] and tok["lease"],
+        what="the holder's token",
+    )
     return h, lease
 
 
@@ -515,9 +537,17 @@ def test_check_does_not_trust_token_files(tmp_path: Path, clients: Clients) -> N
     check, q = shlex.join(CHECK_NPU), shlex.quote
     gate = tmp_path / "gate"
     h = clients.start(
-        [NPU_HOLD, "-l", "holder", "--", "sh", "-c",
-         f"while [ ! -e {q(str(gate))} ]; do sleep 0.02; done; exec {check}"], "H",
-    )  # fmt: skip
+        [
+            NPU_HOLD,
+            "-l",
+            "holder",
+            "--",
+            "sh",
+            "-c",
+            f"while [ ! -e {q(str(gate))} ]; do sleep 0.02; done; exec {check}",
+        ],
+        "H",
+    )
     path = state_dir() / "npu-0.token"
     wait_for(lambda: (tok := token("npu")) and tok["command_pid"], what="the holder's token")
     line, rec = path.read_text().split("\n", 1)
@@ -540,13 +570,19 @@ def test_forged_command_line_and_environment_do_not_pass(tmp_path: Path, clients
     forger = f"import subprocess, sys; sys.exit(subprocess.call({CHECK_NPU!r}))"
     res = subprocess.run(
         [PY, "-c", forger, "npu-hold", lease, line],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 1, res.stderr
     # An environment that claims the lease (and even the holder's tree marker).
     env_h = json.loads((tmp_path / "H.env").read_text())
-    forged_env = {**os.environ, "HOLD_LEASE": lease, "HOLD_DEVICES": "npu:0",
-                  "HOLD_TREE": env_h["HOLD_TREE"]}  # fmt: skip
+    forged_env = {
+        **os.environ,
+        "HOLD_LEASE": lease,
+        "HOLD_DEVICES": "npu:0",
+        "HOLD_TREE": env_h["HOLD_TREE"],
+    }
     res = subprocess.run(CHECK_NPU, capture_output=True, text=True, timeout=30, env=forged_env)
     assert res.returncode == 1, res.stderr
     go(tmp_path, "H")
@@ -562,8 +598,9 @@ def test_daemonised_descendant_passes_by_cgroup(tmp_path: Path, clients: Clients
         pytest.skip(f"no writable cgroup v2 here: {e}")
     configure(tmp_path, cgroups="required")
     out = tmp_path / "out"
-    h = clients.start([NPU_HOLD, "--", PY, str(PROGS / "daemonized_check.py"), str(out), "npu"],
-                      "H")  # fmt: skip
+    h = clients.start(
+        [NPU_HOLD, "--", PY, str(PROGS / "daemonized_check.py"), str(out), "npu"], "H"
+    )
     assert clients.wait(h) == 0, clients.stderr(h)
     rc, chain, message = out.read_text().split("\n", 2)
     assert str(h.pid) not in chain.split()  # its ancestry no longer reaches the holder
@@ -582,8 +619,9 @@ def user_python(user: str, runtime: Path) -> str:
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
             as_user(user, [cand, "-c", "import hold.runcmd, hold.cli"], runtime, {}),
-            capture_output=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=30,
+        )
         if ok.returncode == 0:
             return cand
     pytest.skip(f"no Python here that {user} may run with the copied runtime")
@@ -615,17 +653,23 @@ def test_another_user_cannot_release_a_lease(
             return as_user(user, [py, "-m", "hold", *argv], unpriv_runtime, env)
 
         gated_a = [py, str(unpriv_runtime / "progs" / "gated.py"), str(work), "A", "--wait"]
-        a = clients.start(as_(unpriv_user, "run", "--device", "npu", "-l", "A", "--grace",
-                              "0.5s", "--", *gated_a), "A")  # fmt: skip
+        a = clients.start(
+            as_(
+                unpriv_user, "run", "--device", "npu", "-l", "A", "--grace", "0.5s", "--", *gated_a
+            ),
+            "A",
+        )
         command_pid = int(wait_file(work / "A.ready"))
-        rec = wait_for(lambda: (r := read_record(str(state / "npu-0.token"))) and r,
-                       what="A's token")  # fmt: skip
+        rec = wait_for(
+            lambda: (r := read_record(str(state / "npu-0.token"))) and r, what="A's token"
+        )
         lease = rec["lease"]
         assert rec["user"] == unpriv_user and rec["holder_pid"] == a.pid
 
         def release(user: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(as_(user, "release", lease), capture_output=True, text=True,
-                                  timeout=30)  # fmt: skip
+            return subprocess.run(
+                as_(user, "release", lease), capture_output=True, text=True, timeout=30
+            )
 
         res = release(other_user)
         assert res.returncode == 2, res.stderr
@@ -767,8 +811,11 @@ def test_busy_no_wait_wait_timeout_and_the_waiting_message(
 
 def test_second_daemon_refuses_and_the_first_keeps_serving(clients: Clients) -> None:
     first = clients.start([*HOLD, "daemon"], "first")
-    wait_for(lambda: daemon_pid(state_dir()) == first.pid and (state_dir() / "daemon.sock")
-             .exists(), 20, what="the first daemon")  # fmt: skip
+    wait_for(
+        lambda: daemon_pid(state_dir()) == first.pid and (state_dir() / "daemon.sock").exists(),
+        20,
+        what="the first daemon",
+    )
     res = hold("daemon")
     assert res.returncode == 2
     assert f"another daemon (pid {first.pid}) already serves" in res.stderr
@@ -796,9 +843,10 @@ def test_hold_run_sigkilled_daemon_stops_its_tree(
     assert took < 5, took
     # The daemon reports the stop once its survivor check is done.
     stopped = wait_for(
-        lambda: [e for e in daemon_events() if e["event"] == "tree_stopped"], 10,
+        lambda: [e for e in daemon_events() if e["event"] == "tree_stopped"],
+        10,
         what="the daemon's stop report",
-    )  # fmt: skip
+    )
     assert [e["reason"] for e in daemon_events() if e["event"] == "session_ending"] == ["lifeline"]
     assert len(stopped) == 1 and stopped[0]["outcome"] == "killed", stopped
     assert stopped[0]["survivors"] == []
@@ -811,8 +859,9 @@ def test_an_idle_daemon_leaves_and_the_next_client_starts_another(tmp_path: Path
     next client simply starts a new one."""
     # Not captured: the daemon keeps what it inherited open until it leaves.
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    res = subprocess.run([PY, "-m", "hold", "daemon", "--detach", "--idle-exit", "1s"],
-                         timeout=30, **quiet)  # fmt: skip
+    res = subprocess.run(
+        [PY, "-m", "hold", "daemon", "--detach", "--idle-exit", "1s"], timeout=30, **quiet
+    )
     assert res.returncode == 0
     first = daemon_pid(state_dir())
     assert first is not None

@@ -126,8 +126,9 @@ def _user_python(user: str, runtime: Path) -> str:
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
             as_user(user, [cand, "-c", "import hold.runcmd"], runtime, {}),
-            capture_output=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=30,
+        )
         if ok.returncode == 0:
             return cand
     pytest.skip(f"no Python here that {user} may run with the copied runtime")
@@ -161,8 +162,11 @@ def test_sigkilled_hold_run_in_a_delegated_subtree_leaves_no_vanished_descendant
         # Output to a file: the escapee keeps hold run's stderr open.
         proc = subprocess.Popen(
             as_user(unpriv_user, argv, unpriv_runtime, env),
-            stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, cwd=work,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=errf,
+            stderr=errf,
+            cwd=work,
+        )
     escapee: int | None = None
     try:
         # As systemd does for a user's service: root puts the process in place.
@@ -204,8 +208,12 @@ def test_sigkilled_hold_run_in_a_delegated_subtree_leaves_no_vanished_descendant
         wait_for(lambda: not alive(roles["main"]), 5, 0.02, "the command to be stopped")
         # The daemon stopped the tree (both processes, through the leaf) and
         # removed the leaf.
-        stops = wait_for(lambda: [e for e in _events(state) if e["event"] == "tree_stopped"],
-                         10, 0.02, "the daemon's report of the stop")  # fmt: skip
+        stops = wait_for(
+            lambda: [e for e in _events(state) if e["event"] == "tree_stopped"],
+            10,
+            0.02,
+            "the daemon's report of the stop",
+        )
         (stop,) = stops
         assert stop["survivors"] == [] and stop["stopped"] == 2, stop
         wait_for(lambda: not os.path.exists(leaf), 5, 0.02, f"{leaf} to be removed")
@@ -237,8 +245,12 @@ def test_without_a_cgroup_hold_run_v_says_once_what_the_walk_cannot_follow(
         pytest.skip("/etc/hold/config.yaml exists: not the embedded defaults")
     res = subprocess.run(
         as_user(unpriv_user, [py, "-m", "hold", "run", "-v", "--", "true"], unpriv_runtime, env),
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, cwd=work,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=work,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr.count(NOTE) == 1, res.stderr
     line = next(ln for ln in res.stderr.splitlines() if NOTE in ln)
@@ -248,8 +260,12 @@ def test_without_a_cgroup_hold_run_v_says_once_what_the_walk_cannot_follow(
     # Without -v: nothing of it.
     res = subprocess.run(
         as_user(unpriv_user, [py, "-m", "hold", "run", "--", "true"], unpriv_runtime, env),
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, cwd=work,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=work,
+    )
     assert res.returncode == 0 and NOTE not in res.stderr, res.stderr
 
 
@@ -265,8 +281,11 @@ def test_hold_run_v_names_the_walk_only_when_it_walks(isolated_hold: Path, cgrou
     config.write_text(yaml.safe_dump({**doc, "cgroups": cgroups}, sort_keys=False))
     res = subprocess.run(
         [*HOLD, "run", "-v", "--", sys.executable, "-c", "pass"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     if cgroups == "off":
         assert res.stderr.count(NOTE) == 1 and "(cgroups: off)" in res.stderr, res.stderr

@@ -49,8 +49,9 @@ def dying_daemon(state: Path) -> threading.Thread:
     return t
 
 
-@pytest.mark.parametrize("argv", [[NPU_HOLD, "-t", "1m", "--"], [*HOLD, "run", "--"]],
-                         ids=["npu-hold", "hold run"])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv", [[NPU_HOLD, "-t", "1m", "--"], [*HOLD, "run", "--"]], ids=["npu-hold", "hold run"]
+)
 def test_the_daemon_dying_after_open_is_survived(tmp_path: Path, argv: list[str]) -> None:
     (tmp_path / "accel0").write_text("")
     Path(os.environ["HOLD_CONFIG"]).write_text(

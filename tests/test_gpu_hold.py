@@ -59,8 +59,9 @@ def gpu_class(isolated_hold: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]
 
 def torch_python() -> str:
     for cand in (sys.executable, "/opt/torch/.venv/bin/python3", "python3"):
-        ok = subprocess.run([cand, "-c", "import torch; assert torch.cuda.is_available()"],
-                            capture_output=True)  # fmt: skip
+        ok = subprocess.run(
+            [cand, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True
+        )
         if ok.returncode == 0:
             return cand
     pytest.skip("no Python with a CUDA-enabled torch here")
@@ -90,8 +91,13 @@ def hold_run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
 def start_hog(py: str, uuid: str) -> tuple[subprocess.Popen[str], int]:
     """A CUDA process outside any lease holding 256 MiB on the GPU ``uuid``."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    p = subprocess.Popen([py, str(PROGS / "cuda_hog.py"), "256"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    p = subprocess.Popen(
+        [py, str(PROGS / "cuda_hog.py"), "256"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert p.stdout is not None
     line = p.stdout.readline()  # bounded by the test timeout; CUDA start-up takes seconds
     if not line.startswith("ready "):
@@ -121,8 +127,7 @@ def test_cuda_visible_devices_is_the_leased_gpus_uuid(
     uuids = uuid_by_minor()
     # The last GPU: on a machine of several, not the one CUDA counts first anyway.
     index = len(gpu_class) - 1
-    res = hold_run("--device", f"gpu:{index}", "-l", "uuid-test", *PASS, "--",
-                   py, "-c", INSIDE)  # fmt: skip
+    res = hold_run("--device", f"gpu:{index}", "-l", "uuid-test", *PASS, "--", py, "-c", INSIDE)
     assert res.returncode == 0, res.stderr
     got: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
     with capsys.disabled():
@@ -171,10 +176,19 @@ def test_no_wait_on_a_free_gpu_is_granted(
     free = [i for i in range(len(gpu_class)) if not holders_of(cls, [i]).get(i)]
     if not free:
         pytest.skip("every GPU here is held by someone")
-    res = hold_run("--device", f"gpu:{free[0]}", "--no-wait", "--", "sh", "-c",
-                   'echo "$HOLD_DEVICES $CUDA_VISIBLE_DEVICES"')  # fmt: skip
+    res = hold_run(
+        "--device",
+        f"gpu:{free[0]}",
+        "--no-wait",
+        "--",
+        "sh",
+        "-c",
+        'echo "$HOLD_DEVICES $CUDA_VISIBLE_DEVICES"',
+    )
     with capsys.disabled():
-        print(f"\n--no-wait on gpu:{free[0]}: exit {res.returncode}: "
-              f"{res.stdout.strip()} {res.stderr.strip()}")  # fmt: skip
+        print(
+            f"\n--no-wait on gpu:{free[0]}: exit {res.returncode}: "
+            f"{res.stdout.strip()} {res.stderr.strip()}"
+        )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"gpu:{free[0]} GPU-")

@@ -278,8 +278,12 @@ def test_usable_as_a_user_who_may_not_open_a_node(
         "print(json.dumps([usable_indices(c, {}), usable_indices(c, {'CUDA_VISIBLE_DEVICES': '1'}),"
         " len(c.device_nodes())]))"
     )
-    res = subprocess.run(as_user(unpriv_user, [unpriv_python(), "-c", code], unpriv_runtime, {}),
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        as_user(unpriv_user, [unpriv_python(), "-c", code], unpriv_runtime, {}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if res.returncode != 0 and "ModuleNotFoundError" in res.stderr:
         pytest.skip(f"the unprivileged user cannot import the runtime: {res.stderr[-200:]}")
     assert res.returncode == 0, res.stderr

@@ -31,8 +31,9 @@ def configure(tmp_path: Path, patterns: list[str], cgroups: str = "auto") -> Non
 
 
 def npu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([NPU_HOLD, *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.run(
+        [NPU_HOLD, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def lock_of(node: Path) -> str:
@@ -94,9 +95,22 @@ def test_two_paths_to_one_node_are_one_device(tmp_path: Path) -> None:
     assert len(json.loads(st.stdout)["classes"]["npu"]["devices"]) == expect, st.stdout
     work = tmp_path / "work"
     work.mkdir()
-    holder = subprocess.Popen([NPU_HOLD, "-n", str(expect), "-t", "1m", "--", sys.executable,
-                               GATED, str(work), "A", "--wait"],
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            NPU_HOLD,
+            "-n",
+            str(expect),
+            "-t",
+            "1m",
+            "--",
+            sys.executable,
+            GATED,
+            str(work),
+            "A",
+            "--wait",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: (work / "A.ready").exists(), 20, what="the holder")
         res = npu("--no-wait", "-t", "1m", "--", "true")
@@ -122,16 +136,19 @@ def test_the_leaf_is_made_when_the_lease_is_granted_not_before_the_wait(tmp_path
     def leaves() -> set[str]:
         return {e.name for e in os.scandir(base) if e.name.startswith("hold-")}
 
-    a = subprocess.Popen([NPU_HOLD, "-l", "A", "--", sys.executable, GATED, str(work), "A",
-                          "--wait"], stderr=subprocess.DEVNULL)  # fmt: skip
+    a = subprocess.Popen(
+        [NPU_HOLD, "-l", "A", "--", sys.executable, GATED, str(work), "A", "--wait"],
+        stderr=subprocess.DEVNULL,
+    )
     b: subprocess.Popen[bytes] | None = None
     try:
         wait_for(lambda: (work / "A.ready").exists(), 20, what="A")
         with_a = leaves()
         b_err = tmp_path / "b.err"
         with open(b_err, "w") as err:
-            b = subprocess.Popen([NPU_HOLD, "-l", "B", "--", sys.executable, GATED, str(work),
-                                  "B"], stderr=err)  # fmt: skip
+            b = subprocess.Popen(
+                [NPU_HOLD, "-l", "B", "--", sys.executable, GATED, str(work), "B"], stderr=err
+            )
         wait_for(lambda: "waiting for npu" in b_err.read_text(), 20, what="B to wait")
         assert leaves() == with_a  # B waits without a leaf
         (work / "A.go").write_text("")
@@ -166,8 +183,10 @@ def test_no_label_forges_the_token_line(tmp_path: Path, label: str) -> None:
         res = npu("-l", label, "--", "true")
         assert res.returncode == 2 and "control characters" in res.stderr, res.stderr
         return
-    holder = subprocess.Popen([NPU_HOLD, "-l", label, "--", sys.executable, GATED, str(work),
-                               "A", "--wait"], stderr=subprocess.DEVNULL)  # fmt: skip
+    holder = subprocess.Popen(
+        [NPU_HOLD, "-l", label, "--", sys.executable, GATED, str(work), "A", "--wait"],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: (work / "A.ready").exists(), 20, what="the holder")
         token = Path(os.environ["HOLD_STATE_DIR"]) / "npu-0.token"

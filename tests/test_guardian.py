@@ -55,10 +55,11 @@ def test_each_tree_is_stopped_with_its_own_grace() -> None:
     assert talk(sock, f, {"op": "tree", "tree_id": quick, "grace": 0.2})["ev"] == "ok"
     assert talk(sock, f, {"op": "tree", "tree_id": slow, "grace": 4})["ev"] == "ok"
     procs = {
-        tid: subprocess.Popen([sys.executable, "-c", IGNORE_TERM],
-                              env={**os.environ, "HOLD_TREE": tid})
+        tid: subprocess.Popen(
+            [sys.executable, "-c", IGNORE_TERM], env={**os.environ, "HOLD_TREE": tid}
+        )
         for tid in (quick, slow)
-    }  # fmt: skip
+    }
     try:
         # Both have set their handlers (a TERM before would end them).
         for p in procs.values():
@@ -101,8 +102,11 @@ def test_a_root_claim_that_is_not_the_clients_descendant_is_refused_and_logged()
         assert refused[0]["peer_pid"] == os.getpid() and refused[0]["peer_uid"] == os.getuid()
         f.close()
         sock.close()  # the session ends: its tree is stopped, the victim is not in it
-        wait_for(lambda: "session_ended" in (state / "daemon.log").read_text(), 10,
-                 what="the session to end")  # fmt: skip
+        wait_for(
+            lambda: "session_ended" in (state / "daemon.log").read_text(),
+            10,
+            what="the session to end",
+        )
         assert alive(victim)
     finally:
         sock.close()

@@ -189,18 +189,39 @@ class Lab:
         err = open(self.base / f"holder{self.starts}.stderr", "wb")  # noqa: SIM115
         try:
             self.holder = subprocess.Popen(
-                [*HOLD, "run", "-d", "fake:0", "-l", "keep", "-t", "5m", "--grace", "1s",
-                 "--", "sleep", "300"],
-                stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-            )  # fmt: skip
+                [
+                    *HOLD,
+                    "run",
+                    "-d",
+                    "fake:0",
+                    "-l",
+                    "keep",
+                    "-t",
+                    "5m",
+                    "--grace",
+                    "1s",
+                    "--",
+                    "sleep",
+                    "300",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+            )
         finally:
             err.close()
         holder = self.holder
         self.record = wait_for(
-            lambda: (r := read_record(str(self.token))) and r.get("holder_pid") == holder.pid
-            and r.get("command_pid") and r,
-            20, 0.02, "the holder's lease on fake:0",
-        )  # fmt: skip
+            lambda: (
+                (r := read_record(str(self.token)))
+                and r.get("holder_pid") == holder.pid
+                and r.get("command_pid")
+                and r
+            ),
+            20,
+            0.02,
+            "the holder's lease on fake:0",
+        )
         pid = daemon_pid(self.state)
         assert pid is not None
         self.pid = pid
@@ -377,8 +398,15 @@ Item = tuple[str, bytes, list[dict[str, Any]], Expect]
 
 OPEN: list[dict[str, Any]] = [{"op": "open"}]
 WITH_TREE: list[dict[str, Any]] = [{"op": "open"}, {"op": "tree", "tree_id": TREE, "grace": 1}]
-ACQUIRE: dict[str, Any] = {"op": "acquire", "cls": "fake", "count": 1, "label": "t", "ttl": 60,
-                           "grace": 1, "wait": False}  # fmt: skip
+ACQUIRE: dict[str, Any] = {
+    "op": "acquire",
+    "cls": "fake",
+    "count": 1,
+    "label": "t",
+    "ttl": 60,
+    "grace": 1,
+    "wait": False,
+}
 
 
 def acquire_text(**fields: str) -> bytes:
@@ -396,10 +424,13 @@ def nested(depth: int) -> str:
 def framing_items() -> list[Item]:
     pad = MAX_MESSAGE - len('{"op":"status","pad":""}')
     return [
-        ("10 MB without a newline",
-         b'{"op":"status","pad":"' + b"a" * (10 << 20), [], closes),
-        ("one byte over the limit, with its newline",
-         b'{"op":"status","pad":"' + b"a" * (pad + 1) + b'"}\n', [], closes),
+        ("10 MB without a newline", b'{"op":"status","pad":"' + b"a" * (10 << 20), [], closes),
+        (
+            "one byte over the limit, with its newline",
+            b'{"op":"status","pad":"' + b"a" * (pad + 1) + b'"}\n',
+            [],
+            closes,
+        ),
         ("exactly the limit", b'{"op":"status","pad":"' + b"a" * pad + b'"}\n', [], serves),
         ("an empty line", b"\n", [], serves),
         ("a line of JSON whitespace", b" \t\r \n", [], serves),
@@ -412,8 +443,7 @@ def framing_items() -> list[Item]:
         ("a number", b"1\n", [], closes),
         ("null", b"null\n", [], closes),
         ("a vertical tab", b"\x0b\n", [], closes),
-        ("an unterminated string full of brackets", b'{"op":"' + b"[" * 1000 + b"\n", [],
-         closes),
+        ("an unterminated string full of brackets", b'{"op":"' + b"[" * 1000 + b"\n", [], closes),
         ("single quotes", b"{'op':'status'}\n", [], closes),
         ("a trailing comma", b'{"op":"status",}\n', [], closes),
         ("a comment", b'{"op":"status"} // hi\n', [], closes),
@@ -421,7 +451,7 @@ def framing_items() -> list[Item]:
         ("a raw NUL in a string", b'{"op":"status","x":"a\x00b"}\n', [], closes),
         ("a lone NUL", b"\x00\n", [], closes),
         ("a raw newline splitting a string", b'{"op":"status","x":"a\nb"}\n', [], closes),
-    ]  # fmt: skip
+    ]
 
 
 def encoding_items() -> list[Item]:
@@ -448,27 +478,30 @@ def encoding_items() -> list[Item]:
         ("a reversed pair", acq_label("\\udc00\\ud800"), OPEN, closes),
         ("a lone surrogate in a key", b'{"\\ud800":1,"op":"status"}\n', [], closes),
         ("a lone surrogate as the op", b'{"op":"\\ud800"}\n', [], closes),
-        ("a lone surrogate in a session", b'{"op":"attach","session":"\\udc80"}\n', [],
-         closes),
+        ("a lone surrogate in a session", b'{"op":"attach","session":"\\udc80"}\n', [], closes),
         ("a lone surrogate in a lease", b'{"op":"release","lease":"\\udc80"}\n', [], closes),
         ("a lone surrogate in a class", b'{"op":"check","cls":"\\udc80"}\n', [], closes),
-        ("a lone surrogate in a tree id",
-         acquire_text(tree='{"tree_id":"\\udc80"}'), OPEN, closes),
-        ("a lone surrogate in a leaf",
-         b'{"op":"tree","tree_id":"' + TREE.encode() + b'","leaf":"/x/\\udc80"}\n', OPEN,
-         closes),
-        ("a lone surrogate in a nested list", b'{"op":"status","x":[["\\ud800"]]}\n', [],
-         closes),
+        ("a lone surrogate in a tree id", acquire_text(tree='{"tree_id":"\\udc80"}'), OPEN, closes),
+        (
+            "a lone surrogate in a leaf",
+            b'{"op":"tree","tree_id":"' + TREE.encode() + b'","leaf":"/x/\\udc80"}\n',
+            OPEN,
+            closes,
+        ),
+        ("a lone surrogate in a nested list", b'{"op":"status","x":[["\\ud800"]]}\n', [], closes),
         ("a valid pair (an emoji) in a label", acq_label("\\ud83d\\ude00 ok"), OPEN, serves),
         ("raw UTF-8 in a label", acquire_text(label='"Grüße ✓"'), OPEN, serves),
         ("an escaped NUL in a label", acq_label("a\\u0000b"), OPEN, errs),
         ("an escaped NUL in the op", b'{"op":"sta\\u0000tus"}\n', [], errs),
-        ("an escaped NUL in a leaf",
-         b'{"op":"tree","tree_id":"' + TREE.encode() + b'","leaf":"/sys/\\u0000"}\n', OPEN,
-         errs),
+        (
+            "an escaped NUL in a leaf",
+            b'{"op":"tree","tree_id":"' + TREE.encode() + b'","leaf":"/sys/\\u0000"}\n',
+            OPEN,
+            errs,
+        ),
         ("a line separator in a label", acq_label("a\\u2028b"), OPEN, errs),
         ("an escaped newline in a label", acq_label("a\\nb"), OPEN, errs),
-    ]  # fmt: skip
+    ]
 
 
 def json_items() -> list[Item]:
@@ -481,11 +514,19 @@ def json_items() -> list[Item]:
         (f"nested {MAX_DEPTH} deep (the limit)", nested(MAX_DEPTH).encode() + b"\n", [], serves),
         (f"nested {MAX_DEPTH + 1} deep", nested(MAX_DEPTH + 1).encode() + b"\n", [], closes),
         ("a duplicate op", b'{"op":"status","op":"open"}\n', [], closes),
-        ("a duplicate key spelled with an escape", b'{"op":"status","\\u006fp":"open"}\n', [],
-         closes),
+        (
+            "a duplicate key spelled with an escape",
+            b'{"op":"status","\\u006fp":"open"}\n',
+            [],
+            closes,
+        ),
         ("a duplicate label", acquire_text(label='"a","label":"b"'), OPEN, closes),
-        ("a duplicate key in the tree", acquire_text(tree=f'{{"tree_id":"{TREE}",'
-                                                     f'"tree_id":"{TREE}"}}'), OPEN, closes),
+        (
+            "a duplicate key in the tree",
+            acquire_text(tree=f'{{"tree_id":"{TREE}","tree_id":"{TREE}"}}'),
+            OPEN,
+            closes,
+        ),
         ("NaN as the time limit", acquire_text(ttl="NaN"), OPEN, closes),
         ("Infinity as the time limit", acquire_text(ttl="Infinity"), OPEN, closes),
         ("-Infinity as the grace", acquire_text(grace="-Infinity"), OPEN, closes),
@@ -497,17 +538,28 @@ def json_items() -> list[Item]:
         ("a 400-digit count", acquire_text(count=big), OPEN, closes),
         ("a 5,000-digit count", acquire_text(count="9" * 5000), OPEN, closes),
         ("a 400-digit index", acquire_text(indices=f"[{big}]"), OPEN, closes),
-        ("a 400-digit pid", f'{{"op":"root","tree_id":"{TREE}","pid":{big}}}\n'.encode(),
-         WITH_TREE, closes),
-        ("a 400-digit tree grace", acquire_text(tree=f'{{"tree_id":"{TREE}","grace":{big}}}'),
-         OPEN, closes),
+        (
+            "a 400-digit pid",
+            f'{{"op":"root","tree_id":"{TREE}","pid":{big}}}\n'.encode(),
+            WITH_TREE,
+            closes,
+        ),
+        (
+            "a 400-digit tree grace",
+            acquire_text(tree=f'{{"tree_id":"{TREE}","grace":{big}}}'),
+            OPEN,
+            closes,
+        ),
         ("a count of 10**39", acquire_text(count=str(10**39)), OPEN, errs),
         ("a time limit of 1e308", acquire_text(ttl="1e308"), OPEN, errs),
-        ("a 60,000-digit fraction", b'{"op":"status","x":0.' + b"1" * 60_000 + b"}\n", [],
-         serves),
-        ("5,000 keys", ("{" + ",".join(f'"k{i}":0' for i in range(5000))
-                        + ',"op":"status"}\n').encode(), [], serves),
-    ]  # fmt: skip
+        ("a 60,000-digit fraction", b'{"op":"status","x":0.' + b"1" * 60_000 + b"}\n", [], serves),
+        (
+            "5,000 keys",
+            ("{" + ",".join(f'"k{i}":0' for i in range(5000)) + ',"op":"status"}\n').encode(),
+            [],
+            serves,
+        ),
+    ]
 
 
 def field_items() -> list[Item]:
@@ -541,12 +593,21 @@ def field_items() -> list[Item]:
         "label": [1, None, True, [], {}, ["a"], "", "a\nb", "x" * 201, "a\x7fb", "a\x85b"],
         "ttl": ["60", None, True, [], {}, -1, 0, 2**63],
         "grace": ["1", True, [], {}, -1, 2**63],
-        "tree": [1, "x", [1], True, {"tree_id": 1}, {"tree_id": "zz"},
-                 {"tree_id": TREE, "grace": "x"}, {"tree_id": TREE, "grace": -1},
-                 {"tree_id": TREE, "leaf": 1}, {"tree_id": TREE, "leaf": "/etc"},
-                 {"tree_id": TREE, "leaf": "../x"}],
+        "tree": [
+            1,
+            "x",
+            [1],
+            True,
+            {"tree_id": 1},
+            {"tree_id": "zz"},
+            {"tree_id": TREE, "grace": "x"},
+            {"tree_id": TREE, "grace": -1},
+            {"tree_id": TREE, "leaf": 1},
+            {"tree_id": TREE, "leaf": "/etc"},
+            {"tree_id": TREE, "leaf": "../x"},
+        ],
         "wait": ["no", [1], {"a": 1}, 2],
-    }  # fmt: skip
+    }
     for key, values in bad.items():
         for v in values:
             add(f"acquire {key}={v!r:.20}", {**ACQUIRE, key: v}, OPEN, errs)
@@ -583,8 +644,11 @@ def run_items(lab: Lab, items: list[Item], budget: float = 40.0) -> None:
             lab.failures.append(f"[time budget] {len(items) - n} items not run, from {name!r}")
             break
 
-        def run(payload: bytes = payload, prelude: list[dict[str, Any]] = prelude,
-                expect: Expect = expect) -> str | None:  # fmt: skip
+        def run(
+            payload: bytes = payload,
+            prelude: list[dict[str, Any]] = prelude,
+            expect: Expect = expect,
+        ) -> str | None:
             return expect(converse(lab.sock, payload, prelude))
 
         lab.item(name, run)
@@ -629,8 +693,9 @@ def test_a_half_line_and_stalled_clients_block_no_one(lab: Lab) -> None:
 
         def fresh() -> str | None:
             t0 = time.monotonic()
-            res = subprocess.run([*HOLD, "status", "--json"], capture_output=True, text=True,
-                                 timeout=30)  # fmt: skip
+            res = subprocess.run(
+                [*HOLD, "status", "--json"], capture_output=True, text=True, timeout=30
+            )
             took = time.monotonic() - t0
             if res.returncode != 0 or lab.record["lease"] not in res.stdout:
                 return f"hold status --json failed: {res.returncode} {res.stderr}"
@@ -719,8 +784,12 @@ def test_running_out_of_descriptors(lab: Lab) -> None:
             # (a kept one holds two, and its check needs a third for a moment);
             # then the rest wait in the backlog, or are taken and dropped.
             # Nothing to wait on but its descriptor table, and its death.
-            wait_for(lambda: not alive(lab.pid) or fd_count() >= limit - 2, 10, 0.01,
-                     "the daemon's descriptors to run out")  # fmt: skip
+            wait_for(
+                lambda: not alive(lab.pid) or fd_count() >= limit - 2,
+                10,
+                0.01,
+                "the daemon's descriptors to run out",
+            )
             t0 = time.monotonic()
             while alive(lab.pid) and time.monotonic() - t0 < 0.5:
                 time.sleep(0.01)  # no event says "it did not die"
@@ -785,12 +854,54 @@ SEEDS: list[dict[str, Any]] = [
     {**ACQUIRE, "tree": {"tree_id": TREE, "grace": 1}},
 ]
 WEIRD: list[Any] = [
-    None, True, False, 0, -1, 1.5, -0.0, 2**31, 2**63, 10**39, 1e308, "", "x" * 300,
-    "\x00", "\u2028", "\U0001f600", [], {}, [[]], {"a": {}}, [0, 0], [-1], ["0"], "fake",
-    "npu", TREE, [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]],
-]  # fmt: skip
-JUNK = [b"\x00", b"\xff", b"\n", b'"', b"\\", b"[", b"]", b"{", b"}", b",", b":", b"\\ud800",
-        b"NaN", b"1e999", b"9" * 50, b"\xed\xa0\x80", b" ", b"\r"]  # fmt: skip
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1.5,
+    -0.0,
+    2**31,
+    2**63,
+    10**39,
+    1e308,
+    "",
+    "x" * 300,
+    "\x00",
+    "\u2028",
+    "\U0001f600",
+    [],
+    {},
+    [[]],
+    {"a": {}},
+    [0, 0],
+    [-1],
+    ["0"],
+    "fake",
+    "npu",
+    TREE,
+    [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]],
+]
+JUNK = [
+    b"\x00",
+    b"\xff",
+    b"\n",
+    b'"',
+    b"\\",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b",",
+    b":",
+    b"\\ud800",
+    b"NaN",
+    b"1e999",
+    b"9" * 50,
+    b"\xed\xa0\x80",
+    b" ",
+    b"\r",
+]
 
 
 def mutate(rng: random.Random) -> bytes:
@@ -927,10 +1038,18 @@ def test_strict_loads_refuses(text: str) -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"\xff", b'"\xc0\xaf"', b'"\xed\xa0\x80"', b'"\xe2\x82"', b'"\xf4\x90\x80\x80"',
-     b"\xef\xbb\xbf{}", '{"a":1}'.encode("utf-16"), '{"a":1}'.encode("utf-16-le"),
-     '{"a":1}'.encode("utf-32")],
-)  # fmt: skip
+    [
+        b"\xff",
+        b'"\xc0\xaf"',
+        b'"\xed\xa0\x80"',
+        b'"\xe2\x82"',
+        b'"\xf4\x90\x80\x80"',
+        b"\xef\xbb\xbf{}",
+        '{"a":1}'.encode("utf-16"),
+        '{"a":1}'.encode("utf-16-le"),
+        '{"a":1}'.encode("utf-32"),
+    ],
+)
 def test_strict_loads_refuses_what_is_not_utf8(data: bytes) -> None:
     with pytest.raises(BadJSON):
         strict_loads(data)
@@ -993,8 +1112,13 @@ def test_line_buffer_frames_and_bounds() -> None:
 def test_hold_protocol_keeps_its_names() -> None:
     buf = LineBuffer()
     assert buf.feed(b'{"op":"status"}\n') == [{"op": "status"}]
-    for bad in (b'{"a":1,"a":2}\n', b"[" * 5000 + b"\n", b'"\\ud800"\n', b"\xff\n",
-                b"x" * (MAX_MESSAGE + 1)):  # fmt: skip
+    for bad in (
+        b'{"a":1,"a":2}\n',
+        b"[" * 5000 + b"\n",
+        b'"\\ud800"\n',
+        b"\xff\n",
+        b"x" * (MAX_MESSAGE + 1),
+    ):
         with pytest.raises(ProtocolError):
             LineBuffer().feed(bad)
     assert MAX_MESSAGE == 64 * 1024
@@ -1020,9 +1144,15 @@ def test_stack_control_socket_refuses_bad_lines(tmp_path: Path) -> None:
             "op": "ps",
             "x": "\U0001f600",
         }
-        for bad in (b'{"op":"ps","op":"down"}\n', b'{"op":"ps","x":NaN}\n',
-                    b"[" * 5000 + b"\n", b'{"op":"\\ud800"}\n', b'{"op":"ps","x":"\xff"}\n',
-                    b"[1]\n", b"x" * (1 << 20)):  # fmt: skip
+        for bad in (
+            b'{"op":"ps","op":"down"}\n',
+            b'{"op":"ps","x":NaN}\n',
+            b"[" * 5000 + b"\n",
+            b'{"op":"\\ud800"}\n',
+            b'{"op":"ps","x":"\xff"}\n',
+            b"[1]\n",
+            b"x" * (1 << 20),
+        ):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(5)
                 s.connect(path)
@@ -1058,7 +1188,10 @@ def test_hold_call_json_args_duplicate_keys_exit_2() -> None:
     # Refused before any stack is asked (none runs here).
     res = subprocess.run(
         [*HOLD, "call", "nostack", "unit", "--json-args", "-"],
-        input='{"n": 1, "n": 2}', capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        input='{"n": 1, "n": 2}',
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2, res.stderr
     assert "--json-args stdin is not valid: key 'n' is given twice" in res.stderr

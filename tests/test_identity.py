@@ -50,8 +50,11 @@ def unharmed(p: subprocess.Popen[bytes]) -> bool:
 
     os.kill(p.pid, signal.SIGSTOP)
     try:
-        seen = wait_for(lambda: (s := state()) in ("T", "Z", "X", "gone") and s, 10,
-                        what=f"{p.pid} to stop or die")  # fmt: skip
+        seen = wait_for(
+            lambda: (s := state()) in ("T", "Z", "X", "gone") and s,
+            10,
+            what=f"{p.pid} to stop or die",
+        )
     finally:
         if p.poll() is None:
             os.kill(p.pid, signal.SIGCONT)
@@ -118,10 +121,15 @@ def test_comm_with_parentheses_and_spaces(tmp_path: Path) -> None:
     # characters a naive split of /proc/PID/stat would trip over.
     name = "a) b (c) 1 2"
     p = subprocess.Popen(
-        [sys.executable, "-c", f"open('/proc/self/comm','w').write({name!r});"
-         "print('ok', flush=True); import time; time.sleep(60)"],
-        stdout=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            f"open('/proc/self/comm','w').write({name!r});"
+            "print('ok', flush=True); import time; time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         assert p.stdout is not None
         assert select.select([p.stdout], [], [], 10)[0], "the child never said ok"
@@ -162,8 +170,10 @@ def test_real_pid_reuse_is_never_signalled() -> None:
         # past the old one's tick, or the new process could share its start
         # time and be indistinguishable.
         tick = os.sysconf("SC_CLK_TCK")
-        wait_for(lambda: time.clock_gettime(time.CLOCK_BOOTTIME) * tick >= old.starttime + 2,
-                 what="the clock to pass the old start time")  # fmt: skip
+        wait_for(
+            lambda: time.clock_gettime(time.CLOCK_BOOTTIME) * tick >= old.starttime + 2,
+            what="the clock to pass the old start time",
+        )
         old_proc.kill()
         old_proc.wait(timeout=10)
         new_proc: subprocess.Popen[bytes] | None = None
@@ -214,8 +224,9 @@ def _user_python(user: str, runtime: Path) -> str:
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
             as_user(user, [cand, "-c", "import supervisor.identity"], runtime, {}),
-            capture_output=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=30,
+        )
         if ok.returncode == 0:
             return cand
     pytest.skip(f"no Python here that {user} may run with the copied runtime")
@@ -259,8 +270,10 @@ def test_no_such_process_and_access_denied_are_distinct(
         python = _user_python(unpriv_user, unpriv_runtime)
         res = subprocess.run(
             as_user(unpriv_user, [python, "-c", _PROBE, json.dumps(targets)], unpriv_runtime, {}),
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
         assert out["root"].startswith("AccessDenied"), out

@@ -75,9 +75,14 @@ def _clone_cat(leaf: Leaf, argv: list[str]) -> tuple[int | None, bytes]:
     r, w = os.pipe()
     try:
         pid = intoleaf.clone_into(
-            leaf.path, argv[0], argv, _env(), [(os.POSIX_SPAWN_DUP2, w, 1)],
-            new_session=True, cwd=None,
-        )  # fmt: skip
+            leaf.path,
+            argv[0],
+            argv,
+            _env(),
+            [(os.POSIX_SPAWN_DUP2, w, 1)],
+            new_session=True,
+            cwd=None,
+        )
     finally:
         os.close(w)
     try:
@@ -136,8 +141,15 @@ def test_a_working_directory_the_child_cannot_enter_is_an_error(leaf: Leaf, tmp_
     if intoleaf._refused is not None:
         pytest.skip(f"the kernel refuses clone3 here ({intoleaf._refused})")
     with pytest.raises(intoleaf.ChdirFailed):
-        intoleaf.clone_into(leaf.path, "/bin/true", ["true"], _env(), [],
-                            new_session=True, cwd=str(tmp_path / "file"))  # fmt: skip
+        intoleaf.clone_into(
+            leaf.path,
+            "/bin/true",
+            ["true"],
+            _env(),
+            [],
+            new_session=True,
+            cwd=str(tmp_path / "file"),
+        )
     assert leaf.wait_empty(5.0)
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
@@ -192,8 +204,12 @@ def test_a_leaf_emptied_by_cgroup_kill_still_takes_a_new_child(leaf: Leaf) -> No
     leaf.kill()
     assert first.collect(10) == -signal.SIGKILL
     r, w = os.pipe()
-    child = spawn(["sh", "-c", "echo holding; cat /proc/self/cgroup; exec sleep 30"],
-                  env=_env(), cgroup=leaf, stdout=w)  # fmt: skip
+    child = spawn(
+        ["sh", "-c", "echo holding; cat /proc/self/cgroup; exec sleep 30"],
+        env=_env(),
+        cgroup=leaf,
+        stdout=w,
+    )
     os.close(w)
     try:
         first_line = b""

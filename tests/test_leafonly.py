@@ -68,9 +68,16 @@ class _Walks:
 
 
 def _tree(tree_id: str, child: Child, leaf: Leaf | None, born_in_leaf: bool) -> Tree:
-    return Tree(tree_id, child.ident, child.pid, child.pid, leaf=leaf,
-                adopts_orphans=leaf is None, owned=owned_pids(),
-                born_in_leaf=born_in_leaf)  # fmt: skip
+    return Tree(
+        tree_id,
+        child.ident,
+        child.pid,
+        child.pid,
+        leaf=leaf,
+        adopts_orphans=leaf is None,
+        owned=owned_pids(),
+        born_in_leaf=born_in_leaf,
+    )
 
 
 def _kill(*children: Child) -> None:

@@ -26,8 +26,11 @@ def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
     )
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     assert "left 1 process(es) behind" in out and "sleep 30" in out, out
@@ -61,8 +64,11 @@ def test_leak_check_catches_a_cgroup_leaf(tmp_path: Path) -> None:
     )
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     assert "left 1 cgroup leaf(s) behind" in out and "hold-leakcheck0001" in out, out
@@ -97,8 +103,11 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
     )
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
     other = None
     try:
         wait_for(ready.exists, 30, what="the child's first test")

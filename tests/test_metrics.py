@@ -50,22 +50,27 @@ def test_metrics_match_status(tmp_path: Path) -> None:
     )
     done = subprocess.run([NPU_HOLD, "-t", "1m", "--", "true"], capture_output=True)
     assert done.returncode == 0
-    holder = subprocess.Popen([NPU_HOLD, "-t", "1h", "-l", "train", "--", "sleep", "60"],
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+    holder = subprocess.Popen(
+        [NPU_HOLD, "-t", "1h", "-l", "train", "--", "sleep", "60"], stdin=subprocess.DEVNULL
+    )
     waiter = None
     out = tmp_path / "stray.out"
     stray = subprocess.Popen([sys.executable, HOLDER, str(out), "fd", str(tmp_path / "stray0")])
     try:
-        wait_for(lambda: status()["classes"]["npu"]["devices"][0]["holder"] is not None, 10,
-                 what="the grant")  # fmt: skip
+        wait_for(
+            lambda: status()["classes"]["npu"]["devices"][0]["holder"] is not None,
+            10,
+            what="the grant",
+        )
         waiter = subprocess.Popen([NPU_HOLD, "-t", "1m", "--", "true"], stdin=subprocess.DEVNULL)
         wait_for(lambda: len(status()["classes"]["npu"]["queue"]) == 1, 10, what="the waiter")
         wait_for(lambda: out.exists() and "holder" in out.read_text(), 10, what="the stray")
         time.sleep(1.0)
         dest = tmp_path / "out" / "hold.prom"
         dest.parent.mkdir()
-        res = subprocess.run([*HOLD, "metrics", "--output", str(dest)], capture_output=True,
-                             text=True)  # fmt: skip
+        res = subprocess.run(
+            [*HOLD, "metrics", "--output", str(dest)], capture_output=True, text=True
+        )
         assert res.returncode == 0 and res.stdout == "", res.stderr
         doc, now = status(), time.time()
         text = dest.read_text()
@@ -104,8 +109,11 @@ def test_metrics_match_status(tmp_path: Path) -> None:
 def test_render_escapes_label_values() -> None:
     from hold.metrics import render
 
-    ans = {"classes": {'we"ird\\cls': {"devices": [{"index": 0, "holder": None}], "queue": []}},
-           "counters": {}, "started": 5.0}  # fmt: skip
+    ans = {
+        "classes": {'we"ird\\cls': {"devices": [{"index": 0, "holder": None}], "queue": []}},
+        "counters": {},
+        "started": 5.0,
+    }
     fams = list(parser.text_string_to_metric_families(render({"status": ans, "audit": None})))
     leased = next(f for f in fams if f.name == "hold_device_leased")
     assert leased.samples[0].labels == {"class": 'we"ird\\cls', "index": "0"}

@@ -56,14 +56,17 @@ class World:
         return {"XDG_RUNTIME_DIR": str(self.xdg(user)), "HOLD_CONFIG": str(self.config)}
 
     def argv(self, user: str, *args: str) -> list[str]:
-        return [*self.prefix, *as_user(user, [self.py, "-m", "hold", *args], self.runtime,
-                                       self.env(user))]  # fmt: skip
+        return [
+            *self.prefix,
+            *as_user(user, [self.py, "-m", "hold", *args], self.runtime, self.env(user)),
+        ]
 
     def start(self, user: str, *args: str, name: str) -> subprocess.Popen[str]:
         err = open(self.base / f"{name}.err", "w")  # noqa: SIM115
         try:
-            p = subprocess.Popen(self.argv(user, *args), stdin=subprocess.DEVNULL,
-                                 stdout=err, stderr=err, text=True)  # fmt: skip
+            p = subprocess.Popen(
+                self.argv(user, *args), stdin=subprocess.DEVNULL, stdout=err, stderr=err, text=True
+            )
         finally:
             err.close()
         self.procs.append(p)
@@ -73,8 +76,13 @@ class World:
         return (self.base / f"{name}.err").read_text()
 
     def run(self, user: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(user, *args), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        return subprocess.run(
+            self.argv(user, *args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def gated(self, name: str, *extra: str) -> list[str]:
         return [self.py, str(self.runtime / "progs" / "gated.py"), str(self.work), name, *extra]
@@ -151,8 +159,21 @@ def test_two_users_with_the_default_configuration_never_hold_one_device_at_once(
     world: World,
 ) -> None:
     a_user, b_user = world.users
-    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "1m", "--grace", "0.5s",
-                    "--", *world.gated("A", "--wait"), name="A")  # fmt: skip
+    a = world.start(
+        a_user,
+        "run",
+        "-d",
+        "npu",
+        "-l",
+        "A",
+        "-t",
+        "1m",
+        "--grace",
+        "0.5s",
+        "--",
+        *world.gated("A", "--wait"),
+        name="A",
+    )
     world.ready("A")
     # Each user has a daemon of their own, found without any variable.
     assert (world.state(a_user) / "daemon.sock").exists()
@@ -172,8 +193,9 @@ def test_two_users_with_the_default_configuration_never_hold_one_device_at_once(
     assert "since " in line and "until " in line and "'A'" in line
 
     # B waits in line, and is woken when A's lease ends.
-    b = world.start(b_user, "run", "-d", "npu", "-l", "B", "-t", "1m", "--",
-                    *world.gated("B"), name="B")  # fmt: skip
+    b = world.start(
+        b_user, "run", "-d", "npu", "-l", "B", "-t", "1m", "--", *world.gated("B"), name="B"
+    )
     wait_for(lambda: "waiting for npu" in world.err("B"), 20, what="B to say it waits")
     assert f"user {a_user}'s lease 'A'" in world.err("B")
     assert not (world.work / "B.ready").exists()
@@ -186,8 +208,21 @@ def test_two_users_with_the_default_configuration_never_hold_one_device_at_once(
 
 def test_no_single_sigkill_frees_a_device_whose_tree_may_still_run(world: World) -> None:
     a_user, b_user = world.users
-    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "1m", "--grace", "0.5s",
-                    "--", *world.gated("A", "--wait"), name="A")  # fmt: skip
+    a = world.start(
+        a_user,
+        "run",
+        "-d",
+        "npu",
+        "-l",
+        "A",
+        "-t",
+        "1m",
+        "--grace",
+        "0.5s",
+        "--",
+        *world.gated("A", "--wait"),
+        name="A",
+    )
     command = world.ready("A")
     first = world.daemon_pid(a_user)
     assert first is not None
@@ -209,8 +244,9 @@ def test_no_single_sigkill_frees_a_device_whose_tree_may_still_run(world: World)
         "    state = 'gone'\n"
         "print('A-command-alive' if state not in ('Z', 'X', 'gone') else 'A-command-gone')\n"
     )
-    b = world.start(b_user, "run", "-d", "npu", "-l", "B", "-t", "1m", "--",
-                    world.py, "-c", probe, name="B")  # fmt: skip
+    b = world.start(
+        b_user, "run", "-d", "npu", "-l", "B", "-t", "1m", "--", world.py, "-c", probe, name="B"
+    )
     wait_for(lambda: "waiting for npu" in world.err("B"), 20, what="B to wait")
     _kill(a.pid)
     assert b.wait(30) == 0, world.err("B")
@@ -220,8 +256,19 @@ def test_no_single_sigkill_frees_a_device_whose_tree_may_still_run(world: World)
 
 def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None:
     a_user, b_user = world.users
-    world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "1m", "--",
-                *world.gated("A", "--wait"), name="A")  # fmt: skip
+    world.start(
+        a_user,
+        "run",
+        "-d",
+        "npu",
+        "-l",
+        "A",
+        "-t",
+        "1m",
+        "--",
+        *world.gated("A", "--wait"),
+        name="A",
+    )
     world.ready("A")
     rec = wait_for(lambda: devlock.read_owner(str(world.lock_file())), 10, what="A's lock record")
     assert rec["user"] == a_user and rec["label"] == "A"
@@ -240,8 +287,12 @@ def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None
         "sys.exit(subprocess.call([sys.executable, '-m', 'hold', 'check', '--device', 'npu']))\n"
     )
     env = {**world.env(b_user), "HOLD_STATE_DIR": str(forged)}
-    res = subprocess.run(as_user(b_user, [world.py, "-c", script], world.runtime, env),
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        as_user(b_user, [world.py, "-c", script], world.runtime, env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 1, res.stderr
     assert "no npu lease covers this process" in res.stderr
     assert (forged / "npu-0.token").exists()
@@ -264,11 +315,19 @@ class Namespace:
 
     def __init__(self) -> None:
         self.holder = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             "mount -t tmpfs -o mode=755 tmpfs /run && mkdir -m 1777 /run/lock && "
-             "echo ready && exec sleep 600"],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "mount -t tmpfs -o mode=755 tmpfs /run && mkdir -m 1777 /run/lock && "
+                "echo ready && exec sleep 600",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.holder.stdout is not None
         line = self.holder.stdout.readline()
         if line.strip() != "ready":
@@ -291,12 +350,20 @@ class Namespace:
 @pytest.fixture
 def system(world: World) -> Iterator[tuple[World, Namespace, subprocess.Popen[str]]]:
     ns = Namespace()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HOLD_STATE_DIR", "HOLD_LOCK_DIR", "XDG_RUNTIME_DIR")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HOLD_STATE_DIR", "HOLD_LOCK_DIR", "XDG_RUNTIME_DIR")
+    }
     env["HOLD_CONFIG"] = str(world.config)
     log = open(world.base / "system.err", "w")  # noqa: SIM115
-    daemon = subprocess.Popen([*ns.prefix, *HOLD, "daemon", "--system"], env=env,
-                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
+    daemon = subprocess.Popen(
+        [*ns.prefix, *HOLD, "daemon", "--system"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+    )
     log.close()
     world.prefix = ns.prefix
     try:
@@ -330,8 +397,12 @@ def _raw(world: World, user: str, messages: list[dict[str, Any]]) -> list[dict[s
         "    out.append(json.loads(line) if line else None)\n"
         "print(json.dumps(out))\n"
     )
-    argv = [*world.prefix, *as_user(user, [world.py, "-c", script, json.dumps(messages)],
-                                    world.runtime, world.env(user))]  # fmt: skip
+    argv = [
+        *world.prefix,
+        *as_user(
+            user, [world.py, "-c", script, json.dumps(messages)], world.runtime, world.env(user)
+        ),
+    ]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     out: list[dict[str, Any]] = json.loads(res.stdout)
@@ -344,8 +415,20 @@ def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
     world, ns, daemon = system
     a_user, b_user = world.users
     # Found without any variable (XDG_RUNTIME_DIR is set, and not used).
-    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "--private", "-t", "1m", "--",
-                    *world.gated("A", "--wait"), name="A")  # fmt: skip
+    a = world.start(
+        a_user,
+        "run",
+        "-d",
+        "npu",
+        "-l",
+        "A",
+        "--private",
+        "-t",
+        "1m",
+        "--",
+        *world.gated("A", "--wait"),
+        name="A",
+    )
     command = world.ready("A")
     assert not (world.state(a_user) / "daemon.sock").exists()
     tok = wait_for(lambda: _token(ns), 10, what="A's token in /run/hold")
@@ -377,9 +460,14 @@ def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
     answers = _raw(world, b_user, [{"op": "open"}, {"op": "tree", "tree_id": marker}])
     assert answers[1] == {"ev": "ok", "tree": marker}, answers
     log = ns.path("/run/hold/daemon.log")
-    wait_for(lambda: f'"tree": "{marker}"' in log.read_text()
-             and "tree_stopped" in log.read_text().split(marker, 1)[1], 20,
-             what="B's session to end")  # fmt: skip
+    wait_for(
+        lambda: (
+            f'"tree": "{marker}"' in log.read_text()
+            and "tree_stopped" in log.read_text().split(marker, 1)[1]
+        ),
+        20,
+        what="B's session to end",
+    )
     assert stray.poll() is None and alive(command) and a.poll() is None
     stray.terminate()
     stray.wait(10)
@@ -395,8 +483,10 @@ def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
 
     def as_b(*args: str) -> subprocess.CompletedProcess[str]:
         env = {**world.env(b_user), "HOLD_STATE_DIR": "/run/hold"}
-        argv = [*world.prefix, *as_user(b_user, [world.py, "-m", "hold", *args], world.runtime,
-                                        env)]  # fmt: skip
+        argv = [
+            *world.prefix,
+            *as_user(b_user, [world.py, "-m", "hold", *args], world.runtime, env),
+        ]
         return subprocess.run(argv, capture_output=True, text=True, timeout=30)
 
     res = as_b("status")
@@ -459,8 +549,19 @@ def test_the_system_daemon_survives_a_hostile_user(
 
     world, ns, daemon = system
     a_user, b_user = world.users
-    a = world.start(a_user, "run", "-d", "npu", "-l", "A", "-t", "5m", "--",
-                    *world.gated("A", "--wait"), name="A")  # fmt: skip
+    a = world.start(
+        a_user,
+        "run",
+        "-d",
+        "npu",
+        "-l",
+        "A",
+        "-t",
+        "5m",
+        "--",
+        *world.gated("A", "--wait"),
+        name="A",
+    )
     command = world.ready("A")
     tok = wait_for(lambda: _token(ns), 10, what="A's token")
     items = [*th.framing_items(), *th.encoding_items(), *th.json_items(), *th.field_items()]
@@ -490,8 +591,10 @@ def test_the_system_daemon_survives_a_hostile_user(
         "    sent += 1\n"
         "print(sent)\n"
     )
-    argv = [*world.prefix, *as_user(b_user, [world.py, "-c", script, str(corpus)], world.runtime,
-                                    world.env(b_user))]  # fmt: skip
+    argv = [
+        *world.prefix,
+        *as_user(b_user, [world.py, "-c", script, str(corpus)], world.runtime, world.env(b_user)),
+    ]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert int(res.stdout) == len(cases) > 250

@@ -70,8 +70,9 @@ class FakeLib:
         info._obj.busId = GPUS[minor][1].encode()
         return rc
 
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: ctypes.c_void_p, count: Any,
-                                                infos: Any) -> int:  # fmt: skip
+    def nvmlDeviceGetComputeRunningProcesses_v3(
+        self, h: ctypes.c_void_p, count: Any, infos: Any
+    ) -> int:
         minor, rc = self._minor("compute", h)
         procs = self.procs.get(minor, [])
         if rc:
@@ -91,8 +92,9 @@ class FakeLib:
             infos[i].usedGpuMemory = used
         return 0
 
-    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, h: ctypes.c_void_p, count: Any,
-                                                 infos: Any) -> int:  # fmt: skip
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(
+        self, h: ctypes.c_void_p, count: Any, infos: Any
+    ) -> int:
         count._obj.value = 0  # none drawing
         return 0
 

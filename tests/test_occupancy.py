@@ -57,8 +57,9 @@ def _stray(procs: list[subprocess.Popen[str]], node: Path) -> subprocess.Popen[s
 
 
 def _hold(procs: list[subprocess.Popen[str]], *args: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen([*HOLD, "run", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [*HOLD, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     procs.append(p)
     return p
 
@@ -93,8 +94,7 @@ def test_device_held_outside_any_lease_is_not_granted_until_empty(
 ) -> None:
     stray = _stray(procs, fake[0])
     marker = tmp_path / "ran"
-    client = _hold(procs, "--device", "fake:0", "-l", "waiter", "--",
-                   "touch", str(marker))  # fmt: skip
+    client = _hold(procs, "--device", "fake:0", "-l", "waiter", "--", "touch", str(marker))
     said = Said(client)
     # It waits, and says who holds the device (after its first second).
     said.wait_for(f"held OUTSIDE any lease by pid {stray.pid}")
@@ -128,11 +128,22 @@ def test_a_holder_left_on_the_device_is_stopped_before_the_next_grant(
     go = tmp_path / "go"
     # The lease holder's command waits for `go`; meanwhile a process outside
     # its tree opens the leased device (it slipped in during the lease).
-    first = _hold(procs, "--device", "fake:0", "-l", "first", "--grace", "1s", "--",
-                  PY, "-c", f"import os,time\nwhile not os.path.exists({str(go)!r}): "
-                  "time.sleep(0.02)")  # fmt: skip
-    wait_for(lambda: (fake[0].parent / "state" / "fake-0.token").exists(), 20,
-             what="the first lease")  # fmt: skip
+    first = _hold(
+        procs,
+        "--device",
+        "fake:0",
+        "-l",
+        "first",
+        "--grace",
+        "1s",
+        "--",
+        PY,
+        "-c",
+        f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)",
+    )
+    wait_for(
+        lambda: (fake[0].parent / "state" / "fake-0.token").exists(), 20, what="the first lease"
+    )
     intruder = _stray(procs, fake[0])
     second = _hold(procs, "--device", "fake:0", "-l", "second", "--", "true")
     # Waiting behind the first lease, and saying so (after its first second).
@@ -154,22 +165,28 @@ def test_an_allowed_holder_neither_blocks_a_grant_nor_is_stray(
     # A root process of a configured executable (a persistence daemon, say)
     # keeps the node open; another executable doing the same is still stray.
     sleep = os.path.realpath(shutil.which("sleep") or "/bin/sleep")
-    update_config(isolated_hold, devices={
-        "fake": {"nodes": [f"{isolated_hold}/fakedev*"], "allowed_holders": [sleep]},
-    })  # fmt: skip
+    update_config(
+        isolated_hold,
+        devices={
+            "fake": {"nodes": [f"{isolated_hold}/fakedev*"], "allowed_holders": [sleep]},
+        },
+    )
     daemonish = subprocess.Popen(["sh", "-c", f'exec {sleep} 600 3<"{fake[0]}"'])
     procs.append(daemonish)  # type: ignore[arg-type]
     wait_for(lambda: os.path.realpath(f"/proc/{daemonish.pid}/exe") == sleep, 10)
     client = _hold(procs, "--device", "fake:0", "--", "true")
     assert client.wait(timeout=20) == 0  # granted without waiting on the allowed holder
-    res = subprocess.run([*HOLD, "audit", "--device", "fake", "--json"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "audit", "--device", "fake", "--json"], capture_output=True, text=True, timeout=60
+    )
     rows = [r for r in json.loads(res.stdout)["holders"] if r["pid"] == daemonish.pid]
     assert rows and all(r["covered"] and r["lease"] is None for r in rows), rows
     assert res.returncode == 0, res.stdout
     stray = _stray(procs, fake[0])
-    res = subprocess.run([*HOLD, "audit", "--device", "fake", "--json"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "audit", "--device", "fake", "--json"], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1
-    assert any(r["pid"] == stray.pid and not r["covered"]
-               for r in json.loads(res.stdout)["holders"])  # fmt: skip
+    assert any(
+        r["pid"] == stray.pid and not r["covered"] for r in json.loads(res.stdout)["holders"]
+    )

@@ -107,9 +107,12 @@ def test_duration_refused_naming_the_value(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "why"),
-    [("5s10m", "each unit once, the largest first"), ("1h1h", "each unit once"),
-     ("1.5h30m", "only the last part may have a fraction")],
-)  # fmt: skip
+    [
+        ("5s10m", "each unit once, the largest first"),
+        ("1h1h", "each unit once"),
+        ("1.5h30m", "only the last part may have a fraction"),
+    ],
+)
 def test_compound_duration_refusal_says_why(text: str, why: str) -> None:
     with pytest.raises(BadValue) as info:
         parse_duration(text, what="-t/--time", plain_unit="minutes")
@@ -120,9 +123,17 @@ def test_compound_duration_refusal_says_why(text: str, why: str) -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "shown"),
-    [(4.25, "4.2s"), (42, "42s"), (307, "5m07s"), (4320, "1h12m"), (7500, "2h05m"),
-     (90000, "1d01h"), (273600, "3d04h"), (None, "-")],
-)  # fmt: skip
+    [
+        (4.25, "4.2s"),
+        (42, "42s"),
+        (307, "5m07s"),
+        (4320, "1h12m"),
+        (7500, "2h05m"),
+        (90000, "1d01h"),
+        (273600, "3d04h"),
+        (None, "-"),
+    ],
+)
 def test_format_duration_reads_back(seconds: float | None, shown: str) -> None:
     assert format_duration(seconds) == shown
     if seconds is not None and seconds >= 60:

@@ -190,8 +190,9 @@ def test_a_member_born_between_two_looks_is_found_by_the_second(
     cache.walks = 0
     cache.inject = lambda: late.append(spawn(["sleep", "60"], env=env))
     try:
-        tree = Tree(tree_id, root.ident, root.pid, root.pid, leaf=leaf, owned=owned_pids(),
-                    cache=cache)  # fmt: skip
+        tree = Tree(
+            tree_id, root.ident, root.pid, root.pid, leaf=leaf, owned=owned_pids(), cache=cache
+        )
         report = stop_tree(tree, grace=2.0)
         assert len(late) == 1 and cache.walks >= 2
         (member,) = late
@@ -221,11 +222,16 @@ def test_an_older_process_moved_into_the_leaf_brings_its_older_child(
         pytest.skip("moving another process into the leaf needs root here")
     ready = tmp_path / "ready"
     older = subprocess.Popen(
-        [sys.executable, "-c", "import os, sys, time\n"
-         "if os.fork() == 0:\n    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
-         "time.sleep(60)\n", str(ready)],
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "if os.fork() == 0:\n    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "time.sleep(60)\n",
+            str(ready),
+        ],
         start_new_session=True,
-    )  # fmt: skip
+    )
     hier = Hierarchy.find()
     leaf = hier.create(f"holdtest-older-{uuid.uuid4().hex[:12]}")
     child = None
@@ -237,8 +243,9 @@ def test_an_older_process_moved_into_the_leaf_brings_its_older_child(
         time.sleep(0.05)  # the root starts some ticks later
         child = spawn(["sleep", "60"], env=minimal_env(os.environ, tree_id="t-old"), cgroup=leaf)
         leaf.move(older.pid)
-        tree = Tree("t-old", child.ident, child.pid, child.pid, leaf=leaf, owned=owned_pids(),
-                    cache=cache)  # fmt: skip
+        tree = Tree(
+            "t-old", child.ident, child.pid, child.pid, leaf=leaf, owned=owned_pids(), cache=cache
+        )
         assert read_stat(older_child).starttime < tree.since
         report = stop_tree(tree, grace=2.0)
         assert report.ok, report.summary()

@@ -81,8 +81,9 @@ def plain_blocks(text: str) -> list[list[str]]:
     return blocks
 
 
-def readme_options(cmd: str, shown: dict[str, list[str]], seen: frozenset[str] = frozenset()
-                   ) -> set[str]:  # fmt: skip
+def readme_options(
+    cmd: str, shown: dict[str, list[str]], seen: frozenset[str] = frozenset()
+) -> set[str]:
     """The options the README shows for ``cmd``: ``[hold run options]`` stands for
     ``hold run``'s, and a line that ends in ``...`` ("the same": ``gpu-hold ...``,
     ``hold run --device CLASS ...``) for npu-hold's."""
@@ -100,8 +101,12 @@ def readme_options(cmd: str, shown: dict[str, list[str]], seen: frozenset[str] =
 @cache
 def help_options(cmd: str) -> list[set[str]]:
     """``cmd --help``'s options: one set of names (short and long) per option."""
-    res = subprocess.run([str(BIN / cmd.split()[0]), *cmd.split()[1:], "--help"],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / cmd.split()[0]), *cmd.split()[1:], "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     out = []
     for line in res.stdout.splitlines():
@@ -138,7 +143,15 @@ def test_readme_help_options_match(cmd: str) -> None:
 
 def test_readme_help_the_parser_finds_the_synopses() -> None:
     """The test above tests something: the README's known synopses are found."""
-    assert {"hold run", "npu-hold", "gpu-hold", "hold status", "hold audit", "hold up",
-            "hold call", "hold daemon"} <= set(SHOWN)  # fmt: skip
+    assert {
+        "hold run",
+        "npu-hold",
+        "gpu-hold",
+        "hold status",
+        "hold audit",
+        "hold up",
+        "hold call",
+        "hold daemon",
+    } <= set(SHOWN)
     assert {"-t", "--cpus", "--pass-env", "-v", "--device"} <= readme_options("hold run", SHOWN)
     assert {"--no-wait", "--private", "--cpus"} <= readme_options("npu-hold", SHOWN)

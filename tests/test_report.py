@@ -35,8 +35,13 @@ def configure(tmp_path: Path) -> Path:
 
 
 def npu(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([NPU_HOLD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [NPU_HOLD, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def holder_of_npu() -> dict[str, Any] | None:
@@ -107,11 +112,17 @@ def test_report_matches_a_scripted_sequence(tmp_path: Path) -> None:
     (s,) = doc["strays"]
     assert s["pid"] == stray.pid and s["device"] == "npu:0" and "node_holder" in s["command"]
     # Each lease is one history line, with how it ended and who released it.
-    lines = [json.loads(x) for x in (Path(os.environ["HOLD_STATE_DIR"]) / "history.jsonl")
-             .read_text().splitlines()]  # fmt: skip
+    lines = [
+        json.loads(x)
+        for x in (Path(os.environ["HOLD_STATE_DIR"]) / "history.jsonl").read_text().splitlines()
+    ]
     ends = {e["label"]: (e["end"], e["by"]) for e in lines if e["kind"] == "lease"}
-    assert ends == {"alpha": ("ended", None), "beta": ("ended", None),
-                    "gamma": ("expired", None), "delta": ("released", "root")}  # fmt: skip
+    assert ends == {
+        "alpha": ("ended", None),
+        "beta": ("ended", None),
+        "gamma": ("expired", None),
+        "delta": ("released", "root"),
+    }
     # --since: a date after all of it leaves nothing; the text form says the same.
     assert report("--since", "2999-01-01")["users"] == []
     text = subprocess.run([*HOLD, "report"], capture_output=True, text=True, check=True).stdout
@@ -119,8 +130,9 @@ def test_report_matches_a_scripted_sequence(tmp_path: Path) -> None:
 
 
 def test_bad_since_is_refused(tmp_path: Path) -> None:
-    res = subprocess.run([*HOLD, "report", "--since", "last tuesday"], capture_output=True,
-                         text=True)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "report", "--since", "last tuesday"], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "--since" in res.stderr and "2025-05-01" in res.stderr
 
 
@@ -140,15 +152,31 @@ def test_history_is_bounded_and_rotated(tmp_path: Path) -> None:
 
 
 def _lease(uid: int, user: str, label: str, private: bool = False) -> dict[str, Any]:
-    return {"kind": "lease", "lease": label, "user": user, "uid": uid, "cls": "gpu",
-            "devices": [0, 1], "label": label, "private": private, "requested": 90.0,
-            "granted": 100.0, "ended": 160.0, "end": "ended", "by": None, "held": 30.0}  # fmt: skip
+    return {
+        "kind": "lease",
+        "lease": label,
+        "user": user,
+        "uid": uid,
+        "cls": "gpu",
+        "devices": [0, 1],
+        "label": label,
+        "private": private,
+        "requested": 90.0,
+        "granted": 100.0,
+        "ended": 160.0,
+        "end": "ended",
+        "by": None,
+        "held": 30.0,
+    }
 
 
 @pytest.mark.parametrize("show", [False, True])
 def test_labels_of_other_users(show: bool) -> None:
-    entries = [_lease(1000, "ann", "train"), _lease(1000, "ann", "secret", private=True),
-               _lease(1001, "bob", "eval")]  # fmt: skip
+    entries = [
+        _lease(1000, "ann", "train"),
+        _lease(1000, "ann", "secret", private=True),
+        _lease(1001, "bob", "eval"),
+    ]
     doc = build(entries, 1001, show_labels=show, since=0.0, now=200.0)
     users = {u["user"]: u for u in doc["users"]}
     assert users["bob"]["labels"] == {"eval": 120.0}  # own: always (2 devices x 60 s)
@@ -157,7 +185,9 @@ def test_labels_of_other_users(show: bool) -> None:
     assert users["ann"]["wait_max_s"] == 10.0
     root = build(entries, 0, show_labels=False, since=0.0, now=200.0)
     assert {u["user"]: u for u in root["users"]}["ann"]["labels"] == {
-        "train": 120.0, "secret": 120.0}  # fmt: skip
+        "train": 120.0,
+        "secret": 120.0,
+    }
     # --since cuts a lease at the report's start; the wait is not its.
     half = build(entries, 0, show_labels=False, since=130.0, now=200.0)
     assert {u["user"]: u for u in half["users"]}["bob"]["leased_s"] == 60.0

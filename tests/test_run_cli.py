@@ -38,8 +38,13 @@ def hold_run(
     # stdin is never pytest's: on a terminal it would make every run interactive.
     return subprocess.run(
         [*HOLD, "run", *args],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, cwd=cwd, env=env,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def read_pids(base: Path) -> dict[str, int]:
@@ -119,9 +124,23 @@ def test_time_limit_stops_a_term_ignoring_tree_with_124(tmp_path: Path, cgroup_m
     device.write_text("")
     t0 = time.monotonic()
     res = hold_run(
-        ["-t", "2s", "--grace", "0.5s", "--", sys.executable, str(PROGS / "nasty_tree.py"),
-         str(device), str(port_file), str(ready), "--forkers", "1", "--sleepers", "1"],
-    )  # fmt: skip
+        [
+            "-t",
+            "2s",
+            "--grace",
+            "0.5s",
+            "--",
+            sys.executable,
+            str(PROGS / "nasty_tree.py"),
+            str(device),
+            str(port_file),
+            str(ready),
+            "--forkers",
+            "1",
+            "--sleepers",
+            "1",
+        ],
+    )
     took = time.monotonic() - t0
     assert res.returncode == 124, res.stderr
     assert "time limit of 2s reached" in res.stderr and "stopped" in res.stderr
@@ -143,10 +162,24 @@ def test_signal_to_hold_run_is_forwarded_then_tree_stopped(
     tmp_path: Path, cgroup_mode: str, sig: signal.Signals
 ) -> None:
     proc = subprocess.Popen(
-        [*HOLD, "run", "-v", "--grace", "0.5s", "--",
-         sys.executable, RUN_TREE, str(tmp_path), "--handle", "--stay"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *HOLD,
+            "run",
+            "-v",
+            "--grace",
+            "0.5s",
+            "--",
+            sys.executable,
+            RUN_TREE,
+            str(tmp_path),
+            "--handle",
+            "--stay",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_file(tmp_path / "ready")
         proc.send_signal(sig)
@@ -230,9 +263,14 @@ def test_interactive_shell_keeps_the_terminal_and_ctrl_c(tmp_path: Path, cgroup_
 
     env = {**os.environ, "TERM": "dumb"}
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", script], stdin=slave, stdout=slave, stderr=slave, env=env,
-        start_new_session=True, preexec_fn=take_terminal,
-    )  # fmt: skip
+        ["/bin/sh", "-c", script],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+        preexec_fn=take_terminal,
+    )
     os.close(slave)
     term = Pty(master)
     try:
@@ -363,10 +401,20 @@ def test_env_and_pass_env_and_nothing_else(cgroup_mode: str) -> None:
         "LC_HOLD_TEST": "lc",
     }
     res = hold_run(
-        ["-e", "A=1", "--env", "B=x=y", "--env", "EMPTY=", "--pass-env", "HOLD_TEST_PASSED",
-         "--", "env"],
+        [
+            "-e",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--env",
+            "EMPTY=",
+            "--pass-env",
+            "HOLD_TEST_PASSED",
+            "--",
+            "env",
+        ],
         env=parent,
-    )  # fmt: skip
+    )
     assert res.returncode == 0, res.stderr
     seen = dict(line.split("=", 1) for line in res.stdout.splitlines())
     assert seen["A"] == "1" and seen["B"] == "x=y" and seen["EMPTY"] == ""
@@ -418,8 +466,9 @@ def user_python(user: str, runtime: Path) -> str:
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
             as_user(user, [cand, "-c", "import hold.runcmd"], runtime, {}),
-            capture_output=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=30,
+        )
         if ok.returncode == 0:
             return cand
     pytest.skip(f"no Python here that {user} may run with the copied runtime")
@@ -433,14 +482,31 @@ def test_unprivileged_default_config_walks_and_stops_an_escapee(
     work = shared_dir(tmp_path, unpriv_user)
     py = user_python(unpriv_user, unpriv_runtime)
     prog = str(unpriv_runtime / "progs" / "run_tree.py")
-    argv = [py, "-m", "hold", "run", "-v", "--grace", "0.5s", "--",
-            py, prog, str(work), "--exit", "5"]  # fmt: skip
+    argv = [
+        py,
+        "-m",
+        "hold",
+        "run",
+        "-v",
+        "--grace",
+        "0.5s",
+        "--",
+        py,
+        prog,
+        str(work),
+        "--exit",
+        "5",
+    ]
     # No HOLD_CONFIG, and an empty XDG_CONFIG_HOME: the defaults (cgroups: auto).
     env = {"XDG_CONFIG_HOME": str(work / "xdg"), "HOLD_STATE_DIR": os.environ["HOLD_STATE_DIR"]}
     res = subprocess.run(
         as_user(unpriv_user, argv, unpriv_runtime, env),
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, cwd=work,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=work,
+    )
     assert res.returncode == 5, res.stderr
     assert "via walk" in res.stderr and "survivor check empty" in res.stderr, res.stderr
     assert "2 stopped, 2 killed" in res.stderr, res.stderr
@@ -461,8 +527,12 @@ def test_unprivileged_cgroups_required_is_refused(
     argv = [user_python(unpriv_user, unpriv_runtime), "-m", "hold", "run", "--", "touch", "marker"]
     res = subprocess.run(
         as_user(unpriv_user, argv, unpriv_runtime, env),
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, cwd=work,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=work,
+    )
     assert res.returncode == 2, res.stderr
     assert "cgroups: required, but" in res.stderr and "not writable" in res.stderr, res.stderr
     assert not (work / "marker").exists()
@@ -495,8 +565,22 @@ def test_survivor_that_cannot_be_killed_is_named_with_exit_3(
     pidfile, shpid = work / "survivor.pid", work / "sh.pid"
     script = 'echo $$ > "$2"; "$0" -I "$1" "$3" & exec sleep 60'
     prog = unpriv_runtime / "progs" / "unkillable_root.py"
-    argv = [py, "-m", "hold", "run", "--grace", "0.5s", "--",
-            "sh", "-c", script, str(suid_py), str(prog), str(shpid), str(pidfile)]  # fmt: skip
+    argv = [
+        py,
+        "-m",
+        "hold",
+        "run",
+        "--grace",
+        "0.5s",
+        "--",
+        "sh",
+        "-c",
+        script,
+        str(suid_py),
+        str(prog),
+        str(shpid),
+        str(pidfile),
+    ]
     env = {"HOLD_CONFIG": str(config), "HOLD_STATE_DIR": os.environ["HOLD_STATE_DIR"]}
     # Output to a file, not a pipe: the survivor keeps hold run's stderr open,
     # so a pipe would never reach end of file.
@@ -504,8 +588,11 @@ def test_survivor_that_cannot_be_killed_is_named_with_exit_3(
     with open(errfile, "w") as errf:
         proc = subprocess.Popen(
             as_user(unpriv_user, argv, unpriv_runtime, env),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf, cwd=work,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=errf,
+            cwd=work,
+        )
     survivor: int | None = None
     try:
         try:

@@ -48,8 +48,11 @@ def _run(tmp_path: Path, *opts: str, sleep: str = "0") -> tuple[subprocess.Popen
     victim = tmp_path / "victim"
     proc = subprocess.Popen(
         [*HOLD, "run", "--scratch", *opts, "--", PY, "-c", FILL, str(where), str(victim), sleep],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, where
 
 

@@ -483,9 +483,11 @@ def test_cgroup_holds_what_the_child_starts(leaf: Leaf | None) -> None:
         pytest.skip("cgroup mode only")
     r, w = os.pipe()
     child = spawn(
-        ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 30' & wait"], env=_env(), stdout=w,
+        ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 30' & wait"],
+        env=_env(),
+        stdout=w,
         cgroup=leaf,
-    )  # fmt: skip
+    )
     os.close(w)
     try:
         line = b""

@@ -28,18 +28,18 @@ def test_down_stops_a_stack_waiting_for_its_ticket(tmp_path: Path) -> None:
         "name: waiting\nhold: {device: npu}\nunits:\n  one:\n"
         f'    cmd: [sh, -c, "touch {started}; exec sleep 60"]\n'
     )
-    holder = subprocess.Popen([NPU_HOLD, "-l", "first", "--", sys.executable, GATED, str(work),
-                               "A", "--wait"], stderr=subprocess.DEVNULL)  # fmt: skip
+    holder = subprocess.Popen(
+        [NPU_HOLD, "-l", "first", "--", sys.executable, GATED, str(work), "A", "--wait"],
+        stderr=subprocess.DEVNULL,
+    )
     up_err = tmp_path / "up.err"
     up: subprocess.Popen[bytes] | None = None
     try:
         wait_for(lambda: (work / "A.ready").exists(), 20, what="the holder")
         with open(up_err, "w") as err:
-            up = subprocess.Popen([*HOLD, "up", str(stack)], stdin=subprocess.DEVNULL,
-                                  stderr=err)  # fmt: skip
+            up = subprocess.Popen([*HOLD, "up", str(stack)], stdin=subprocess.DEVNULL, stderr=err)
         wait_for(lambda: "waiting for npu" in up_err.read_text(), 20, what="up to wait")
-        res = subprocess.run([*HOLD, "down", "waiting"], capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
+        res = subprocess.run([*HOLD, "down", "waiting"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         assert "is starting" in res.stderr and "stack waiting stopped" in res.stderr
         # When down returns, up is gone (it held the stack's lock until its exit).
@@ -90,16 +90,16 @@ def test_down_answers_once_the_stack_has_let_go_of_its_name(tmp_path: Path) -> N
     )
     run_dir = Path(os.environ["HOLD_STATE_DIR"]) / "stacks" / "light"
     for _ in range(2):  # the second: at once after the first's down
-        res = subprocess.run([*HOLD, "up", "--detach", str(stack)], capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+        res = subprocess.run(
+            [*HOLD, "up", "--detach", str(stack)], capture_output=True, text=True, timeout=60
+        )
         assert res.returncode == 0, res.stderr
         ps = subprocess.run([*HOLD, "ps", "light", "--json"], capture_output=True, text=True)
         supervisor = json.loads(ps.stdout)["pid"]
         maps = Path(f"/proc/{supervisor}/maps").read_text()
         assert "pydantic_core" not in maps and "_yaml" not in maps
         unit = int(pidfile.read_text())
-        res = subprocess.run([*HOLD, "down", "light"], capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
+        res = subprocess.run([*HOLD, "down", "light"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "stack light stopped" in res.stderr, res.stderr
         assert not alive(unit)
         assert json.loads((run_dir / "stack.json").read_text())["state"] == "stopped"

@@ -52,8 +52,11 @@ def logs(name: str, unit: str | None = None, **kw: object) -> subprocess.Complet
     """``hold logs NAME [UNIT] [--since S] [-n N]``."""
     return subprocess.run(
         logs_argv(name, unit, **kw),  # type: ignore[arg-type]
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def write(base: Path, body: str, name: str = "lg") -> Path:
@@ -98,8 +101,11 @@ def test_lines_are_stamped_and_tagged_runs_and_restarts_marked(tmp_path: Path) -
             if run == 2:
                 rs = hold("restart", "lg", "a")
                 assert rs.returncode == 0, rs.stderr
-                wait_for(lambda: log_file("a").read_text().count("to err READY") == 3, 10,
-                         what="the restarted unit's output")  # fmt: skip
+                wait_for(
+                    lambda: log_file("a").read_text().count("to err READY") == 3,
+                    10,
+                    what="the restarted unit's output",
+                )
             assert hold("call", "lg", "tool").returncode == 0
         finally:
             assert hold("down", "lg").returncode == 0
@@ -160,13 +166,20 @@ def test_every_unit_interleaved_since_and_follow(tmp_path: Path) -> None:
         # --since a time after all that: only what comes after it (b's restart).
         since = stamp(time.time() + 0.002)  # later than every line so far
         with open(tmp_path / "follow.out", "w") as out:
-            follower = subprocess.Popen(logs_argv("lg", follow=True), stdout=out,
-                                        stdin=subprocess.DEVNULL)  # fmt: skip
-        wait_for(lambda: "b here" in (tmp_path / "follow.out").read_text(), 10,
-                 what="the follower's first lines")  # fmt: skip
+            follower = subprocess.Popen(
+                logs_argv("lg", follow=True), stdout=out, stdin=subprocess.DEVNULL
+            )
+        wait_for(
+            lambda: "b here" in (tmp_path / "follow.out").read_text(),
+            10,
+            what="the follower's first lines",
+        )
         assert hold("restart", "lg", "b").returncode == 0
-        wait_for(lambda: (tmp_path / "follow.out").read_text().count("b here") == 2, 10,
-                 what="the restart's line, followed")  # fmt: skip
+        wait_for(
+            lambda: (tmp_path / "follow.out").read_text().count("b here") == 2,
+            10,
+            what="the restart's line, followed",
+        )
         later = logs("lg", since=since)
         assert later.returncode == 0, later.stderr
         texts = [m[4] for m in map(MERGED.fullmatch, later.stdout.splitlines()) if m]

@@ -258,8 +258,11 @@ def test_hold_validate_accepts_the_demo_stack() -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "units/demo-stack.yaml: stack demo is valid: 3 unit(s) started by hold up"
-    assert [ln.split()[:2] for ln in lines[2:]] == [["1.", "model"], ["2.", "predictor"],
-                                                    ["3.", "executor"]]  # fmt: skip
+    assert [ln.split()[:2] for ln in lines[2:]] == [
+        ["1.", "model"],
+        ["2.", "predictor"],
+        ["3.", "executor"],
+    ]
     assert "after predictor (ready)" in lines[4]
 
 

@@ -87,11 +87,46 @@ MINIMAL = "name: m\nunits:\n  a: {cmd: [x]}\n"
 
 # Values of every shape YAML can give (and a few it cannot), put in every place.
 VALUES: list[Any] = [
-    None, "", "x", "auto", "TERM", "KILL", "/health", "{port}", "10s", "0s", "5", "0-1",
-    "a\0b", "int", "on-failure", "service", "task", "oneshot", "ready", "1G",
-    YamlWord("yes", True), YamlWord("", None), True, False, 0, 1, -1, 2.5, 70000, 10**30,
-    float("nan"), [], ["a"], [None], ["a", 1], [[]], {}, {"k": "v"}, {"type": "int"},
-]  # fmt: skip
+    None,
+    "",
+    "x",
+    "auto",
+    "TERM",
+    "KILL",
+    "/health",
+    "{port}",
+    "10s",
+    "0s",
+    "5",
+    "0-1",
+    "a\0b",
+    "int",
+    "on-failure",
+    "service",
+    "task",
+    "oneshot",
+    "ready",
+    "1G",
+    YamlWord("yes", True),
+    YamlWord("", None),
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2.5,
+    70000,
+    10**30,
+    float("nan"),
+    [],
+    ["a"],
+    [None],
+    ["a", 1],
+    [[]],
+    {},
+    {"k": "v"},
+    {"type": "int"},
+]
 
 
 def read(text: str) -> tuple[dict[str, Any], dict[Any, int]]:
@@ -208,11 +243,13 @@ def test_valid_file_loads_without_pydantic(tmp_path: Path) -> None:
             print("\\n".join(e.errors))
         print("pydantic" in sys.modules)
     """)
-    out = subprocess.run([sys.executable, "-c", probe, str(good)], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(good)], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"
-    out = subprocess.run([sys.executable, "-c", probe, str(bad)], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(bad)], capture_output=True, text=True, check=True
+    ).stdout
     assert f"{bad}:5: units.a.ready.tmeout: unknown key; accepted: http" in out
     assert "did you mean 'timeout'?" in out
     assert out.strip().endswith("True")

@@ -64,11 +64,17 @@ class Started:
             self.hierarchy = Hierarchy.find()
             self.leaf = self.hierarchy.create(f"holdtest-{self.tree_id}")
         self.child = spawn(
-            [sys.executable, str(PROGS / prog), str(self.device), str(self.port_file),
-             str(self.ready), *args],
+            [
+                sys.executable,
+                str(PROGS / prog),
+                str(self.device),
+                str(self.port_file),
+                str(self.ready),
+                *args,
+            ],
             env=minimal_env(os.environ, tree_id=self.tree_id),
             cgroup=self.leaf,
-        )  # fmt: skip
+        )
         # As supervisor.foreground builds it. In walk mode this process must
         # be a child subreaper, which conftest already made pytest.
         self.tree = Tree(
@@ -495,8 +501,9 @@ def test_another_users_process_on_the_trees_file_and_port_is_left_alone(
             break
         os.chmod(p, os.stat(p).st_mode | 0o055)
     os.chmod(s.device, 0o644)
-    argv = as_user(unpriv_user, [unpriv_python(), "-c", _OTHER, str(s.device), str(port)],
-                   unpriv_runtime, {})  # fmt: skip
+    argv = as_user(
+        unpriv_user, [unpriv_python(), "-c", _OTHER, str(s.device), str(port)], unpriv_runtime, {}
+    )
     other = _spawn_until(
         argv, minimal_env(os.environ, tree_id="other-" + s.tree_id), f"{unpriv_user}'s process"
     )
@@ -605,14 +612,22 @@ def test_unrelated_writer_of_the_same_log_is_left_alone(
         leaf = hier.create(f"holdtest-{tree_id}")
     child = spawn(
         ["sh", "-c", "sleep 30 & echo started; wait"],
-        env=minimal_env(os.environ, tree_id=tree_id), stdout=log, stderr=log, cgroup=leaf,
-    )  # fmt: skip
+        env=minimal_env(os.environ, tree_id=tree_id),
+        stdout=log,
+        stderr=log,
+        cgroup=leaf,
+    )
     other: Child | None = None
     try:
         tree = Tree(
-            tree_id=tree_id, root=child.ident, pgid=child.pid, sid=child.pid, leaf=leaf,
-            adopts_orphans=leaf is None, owned=owned_pids(),
-        )  # fmt: skip
+            tree_id=tree_id,
+            root=child.ident,
+            pgid=child.pid,
+            sid=child.pid,
+            leaf=leaf,
+            adopts_orphans=leaf is None,
+            owned=owned_pids(),
+        )
         wait_for(lambda: (tmp_path / "build.log").read_text() == "started\n", what="the tree")
         other = spawn(
             ["sleep", "30"], env=minimal_env(os.environ, tree_id="other-" + tree_id), stdout=log
@@ -699,8 +714,10 @@ def test_a_port_kept_by_an_owner_it_may_not_inspect_is_reported_not_failed(
     py = unpriv_python()
     stopper = subprocess.Popen(
         as_user(unpriv_user, [py, "-c", _STOPPER], unpriv_runtime, {}),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     other: Child | None = None
     try:
         first = _line(stopper, 30)
@@ -722,9 +739,14 @@ def test_a_port_kept_by_an_owner_it_may_not_inspect_is_reported_not_failed(
         assert not alive(root), report["summary"]
         assert f"tcp/{port}" in report["held"], report
         assert report["holders"] == [
-            {"pid": None, "uid": None, "user": "?", "holds": f"tcp/{port} still listening",
-             "command": "?"}
-        ], report["summary"]  # fmt: skip
+            {
+                "pid": None,
+                "uid": None,
+                "user": "?",
+                "holds": f"tcp/{port} still listening",
+                "command": "?",
+            }
+        ], report["summary"]
         assert f"pid ? (user ?) tcp/{port} still listening" in report["summary"]
         assert report["ok"] and report["survivors"] == [] and report["escalated"] == [], report
         assert report["outcome"] == "exited", report["summary"]
@@ -869,9 +891,15 @@ def test_a_tree_with_a_uid_limit_is_stopped_no_further_than_that_user_could(
     try:
         roots = spawn(["sleep", "60"], env=env, cgroup=leaf)  # root's, with the marker
         tree = Tree(
-            tree_id=tree_id, root=child.ident, pgid=child.pid, sid=child.pid, leaf=leaf,
-            adopts_orphans=leaf is None, owned=owned_pids(), uid=uid,
-        )  # fmt: skip
+            tree_id=tree_id,
+            root=child.ident,
+            pgid=child.pid,
+            sid=child.pid,
+            leaf=leaf,
+            adopts_orphans=leaf is None,
+            owned=owned_pids(),
+            uid=uid,
+        )
 
         want = {"main", "child", "forker", "escapee"}
         wait_for(lambda: want <= {w for w, _ in lines()}, 20, 0.02, "the user's tree")

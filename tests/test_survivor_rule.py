@@ -89,11 +89,15 @@ def test_a_device_holder_started_during_the_lease_is_stopped_and_named(
     # Before the lease: another user's process on the device (granted past
     # it with busy_devices: warn). Not the lease's to stop.
     before = _holder(started, other_user, unpriv_runtime, node)
-    wait_for(lambda: procscan.ticks_at(time.time()) > before.ident.starttime + 10,
-             what="the clock to move past the first holder's start")  # fmt: skip
+    wait_for(
+        lambda: procscan.ticks_at(time.time()) > before.ident.starttime + 10,
+        what="the clock to move past the first holder's start",
+    )
     granted = time.time()
-    wait_for(lambda: procscan.ticks_at(time.time()) > procscan.ticks_at(granted) + 10,
-             what="the clock to move past the grant")  # fmt: skip
+    wait_for(
+        lambda: procscan.ticks_at(time.time()) > procscan.ticks_at(granted) + 10,
+        what="the clock to move past the grant",
+    )
     # During the lease: a user's process opens the leased device without a ticket.
     during = _holder(started, unpriv_user, unpriv_runtime, node)
     during_child = procscan.descendants([during.pid], procscan.snapshot())
@@ -105,8 +109,10 @@ def test_a_device_holder_started_during_the_lease_is_stopped_and_named(
     assert isinstance(r, LeftoverStop), r
     h = r.holder
     assert (h["pid"], h["user"], h["uid"]) == (
-        during.pid, unpriv_user, pwd.getpwnam(unpriv_user).pw_uid
-    ), h  # fmt: skip
+        during.pid,
+        unpriv_user,
+        pwd.getpwnam(unpriv_user).pw_uid,
+    ), h
     assert "time.sleep(600)" in h["command"] and h["node"] == str(node), h
     assert (h["class"], h["device"]) == ("fake", 0), h
     assert r.tree_id == f"left{during.pid}" and r.ok, r.summary()

@@ -18,8 +18,12 @@ def test_the_unit_in_the_repository_is_the_one_installed() -> None:
 
 
 def test_install_writes_the_unit_for_this_hold(tmp_path: Path) -> None:
-    res = subprocess.run([*HOLD, "daemon", "--install", "--no-start", "--unit-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "daemon", "--install", "--no-start", "--unit-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     written = (tmp_path / UNIT_NAME).read_text()
     assert written == render(this_hold())
@@ -29,7 +33,11 @@ def test_install_writes_the_unit_for_this_hold(tmp_path: Path) -> None:
     victim.write_text("mine\n")
     (tmp_path / UNIT_NAME).unlink()
     (tmp_path / UNIT_NAME).symlink_to(victim)
-    res = subprocess.run([*HOLD, "daemon", "--install", "--no-start", "--unit-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "daemon", "--install", "--no-start", "--unit-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and "symlink" in res.stderr, res.stderr
     assert victim.read_text() == "mine\n"

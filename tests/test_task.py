@@ -401,8 +401,9 @@ def test_the_parked_stub_runs_nothing_before_a_call(tmp_path: Path) -> None:
         first = runner.call({"n": 1})
         assert first.pid == stub and first.exit_code == 0
         # Killed while parked (by anyone): the next call starts cold, isolated the same.
-        (second_stub,) = wait_for(lambda: [p for p in parked(runner) if p != stub], 10,
-                                  what="a new stub")  # fmt: skip
+        (second_stub,) = wait_for(
+            lambda: [p for p in parked(runner) if p != stub], 10, what="a new stub"
+        )
         os.kill(second_stub, signal.SIGKILL)
         wait_for(lambda: not alive(second_stub), 5, what="the stub to die")
         second = runner.call({"n": 2})

@@ -28,8 +28,12 @@ STARTER = textwrap.dedent("""
 def start_and_die(before: str = "") -> tuple[int, str]:
     """A command that starts a supervisor and dies at once; the supervisor's pid and
     command line (read while it may still live)."""
-    res = subprocess.run([sys.executable, "-c", STARTER.format(before=before)],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", STARTER.format(before=before)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     pid = int(res.stdout)
     try:
@@ -73,8 +77,12 @@ def test_both_ways_run_a_stack_without_the_heavy_modules(tmp_path: Path) -> None
         f'    ready: {{file: "{pidfile}"}}\n'
     )
     for extra, forked in (([], True), (["--for", "30s"], False)):
-        res = subprocess.run([*HOLD, "up", "--detach", *extra, str(stack)],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        res = subprocess.run(
+            [*HOLD, "up", "--detach", *extra, str(stack)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         assert res.stderr.count("stack ways is up in the background") == 1, res.stderr
         ps = subprocess.run([*HOLD, "ps", "ways", "--json"], capture_output=True, text=True)
@@ -85,8 +93,7 @@ def test_both_ways_run_a_stack_without_the_heavy_modules(tmp_path: Path) -> None
         cmdline = Path(f"/proc/{supervisor}/cmdline").read_bytes().replace(b"\0", b" ")
         assert (b"hold.upchild" not in cmdline) is forked, cmdline
         unit = int(pidfile.read_text())
-        res = subprocess.run([*HOLD, "down", "ways"], capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
+        res = subprocess.run([*HOLD, "down", "ways"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         assert not alive(unit)
         wait_for(lambda s=supervisor: not alive(s), 10, what="the supervisor's end")
@@ -103,11 +110,15 @@ def test_units_run_in_the_stack_files_directory_from_anywhere(tmp_path: Path) ->
         '    ready: {file: "{stack_dir}/where"}\n'
     )
     for cwd in (tmp_path, Path("/")):
-        res = subprocess.run([*HOLD, "up", "--detach", str(stack)], capture_output=True,
-                             text=True, timeout=60, cwd=cwd)  # fmt: skip
+        res = subprocess.run(
+            [*HOLD, "up", "--detach", str(stack)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=cwd,
+        )
         assert res.returncode == 0, res.stderr
         assert (tmp_path / "where").read_text().strip() == str(tmp_path.resolve())
-        res = subprocess.run([*HOLD, "down", "where"], capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
+        res = subprocess.run([*HOLD, "down", "where"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         (tmp_path / "where").unlink()

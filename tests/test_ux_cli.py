@@ -21,13 +21,18 @@ from hold.runargs import parse_run_args
 from hold.runcmd import UsageError
 
 BIN = Path(sys.executable).parent
-PROGS = {"hold": [str(BIN / "hold")], "npu-hold": [str(BIN / "npu-hold")],
-         "gpu-hold": [str(BIN / "gpu-hold")], "hold run": [str(BIN / "hold"), "run"]}  # fmt: skip
+PROGS = {
+    "hold": [str(BIN / "hold")],
+    "npu-hold": [str(BIN / "npu-hold")],
+    "gpu-hold": [str(BIN / "gpu-hold")],
+    "hold run": [str(BIN / "hold"), "run"],
+}
 
 
 def run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def state_dir() -> Path:
@@ -50,9 +55,11 @@ def test_version_is_listed_in_help() -> None:
 
 def test_the_hot_path_stays_light() -> None:
     """``npu-hold`` imports neither click, yaml, structlog nor importlib.metadata."""
-    code = ("import sys, hold.entry, hold.runcmd, hold.runargs, hold.version; "
-            "print(','.join(m for m in ('click', 'yaml', 'structlog', 'importlib.metadata') "
-            "if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys, hold.entry, hold.runcmd, hold.runargs, hold.version; "
+        "print(','.join(m for m in ('click', 'yaml', 'structlog', 'importlib.metadata') "
+        "if m in sys.modules))"
+    )
     res = run([sys.executable, "-c", code])
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == ""
@@ -76,9 +83,15 @@ def test_no_command_prints_the_programs_own_usage(prog: str) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["-vt", "2m", "--", "x"], ["-vt2m", "x"], ["-v", "-t2m", "x"], ["-vt", "2", "x"],
-     ["-t", "2m", "-v", "x"], ["--verbose", "--time=2m", "x"]],
-)  # fmt: skip
+    [
+        ["-vt", "2m", "--", "x"],
+        ["-vt2m", "x"],
+        ["-v", "-t2m", "x"],
+        ["-vt", "2", "x"],
+        ["-t", "2m", "-v", "x"],
+        ["--verbose", "--time=2m", "x"],
+    ],
+)
 def test_short_options_combine_like_getopt(argv: list[str]) -> None:
     args = parse_run_args(argv)
     assert args.verbose and args.time == 120.0 and args.command == ["x"]
@@ -95,11 +108,13 @@ def test_combined_options_with_values_and_flags() -> None:
 
 @pytest.mark.parametrize(
     ("argv", "said"),
-    [(["-vx", "x"], "no such option: -x (in -vx)"),
-     (["-vt"], "option -t needs a value (DURATION)"),
-     (["--verbose=1", "x"], "option --verbose takes no value"),
-     (["--tme", "1m", "x"], "no such option: --tme; did you mean '--time'?")],
-)  # fmt: skip
+    [
+        (["-vx", "x"], "no such option: -x (in -vx)"),
+        (["-vt"], "option -t needs a value (DURATION)"),
+        (["--verbose=1", "x"], "option --verbose takes no value"),
+        (["--tme", "1m", "x"], "no such option: --tme; did you mean '--time'?"),
+    ],
+)
 def test_bad_combinations_are_named(argv: list[str], said: str) -> None:
     with pytest.raises(UsageError) as e:
         parse_run_args(argv)

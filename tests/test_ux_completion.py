@@ -61,8 +61,10 @@ def complete(prog: str, words: list[str], shell: str = "bash") -> list[str]:
 def own_classes(isolated_hold: Path) -> list[str]:
     """Two classes only this test has (beside the conftest's npu and gpu)."""
     nodes = isolated_hold / "dev"
-    update_config(isolated_hold, devices={"tpuz": {"nodes": [f"{nodes}/tpuz*"]},
-                                          "fpgaz": {"nodes": [f"{nodes}/fpgaz*"]}})  # fmt: skip
+    update_config(
+        isolated_hold,
+        devices={"tpuz": {"nodes": [f"{nodes}/tpuz*"]}, "fpgaz": {"nodes": [f"{nodes}/fpgaz*"]}},
+    )
     return ["fpgaz", "gpu", "npu", "tpuz"]
 
 
@@ -82,21 +84,25 @@ def stack(tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_each_shell_gets_a_script(shell: str) -> None:
-    res = subprocess.run([str(BIN / "hold"), "completion", shell], capture_output=True,
-                         text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / "hold"), "completion", shell], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 0, res.stderr
     for prog in ("hold", "npu-hold", "gpu-hold"):
         var = f"_{prog.replace('-', '_').upper()}_COMPLETE={shell}_complete"
         assert var in res.stdout
-    register = {"bash": "complete -o nosort -F _npu_hold_completion npu-hold",
-                "zsh": "compdef _npu_hold_completion npu-hold",
-                "fish": "complete --no-files --command npu-hold"}  # fmt: skip
+    register = {
+        "bash": "complete -o nosort -F _npu_hold_completion npu-hold",
+        "zsh": "compdef _npu_hold_completion npu-hold",
+        "fish": "complete --no-files --command npu-hold",
+    }
     assert register[shell] in res.stdout
 
 
 def test_an_unknown_shell_is_a_usage_error() -> None:
-    res = subprocess.run([str(BIN / "hold"), "completion", "tcsh"], capture_output=True,
-                         text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / "hold"), "completion", "tcsh"], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2
     assert "bash" in res.stderr
 
@@ -189,19 +195,26 @@ def test_in_a_real_bash(stack: str, own_classes: list[str]) -> None:
         ask npu-hold --dev
         ask gpu-hold --device tp
     """
-    res = subprocess.run(["bash", "--norc", "-c", script], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    res = subprocess.run(
+        ["bash", "--norc", "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     for prog in ("hold", "npu-hold", "gpu-hold"):
         assert f"complete -o nosort -F _{prog.replace('-', '_')}_completion {prog}" in lines
-    assert lines[-4:] == ["hold: comptest other", "hold: worker", "npu-hold: --device",
-                          "gpu-hold: tpuz"]  # fmt: skip
+    assert lines[-4:] == [
+        "hold: comptest other",
+        "hold: worker",
+        "npu-hold: --device",
+        "gpu-hold: tpuz",
+    ]
 
 
 def test_the_normal_path_never_sees_completion() -> None:
     """``npu-hold`` without the variable imports neither click nor hold.completion."""
-    code = ("import sys, hold.entry, hold.runcmd; "
-            "print([m for m in ('click', 'hold.completion') if m in sys.modules])")  # fmt: skip
+    code = (
+        "import sys, hold.entry, hold.runcmd; "
+        "print([m for m in ('click', 'hold.completion') if m in sys.modules])"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert res.stdout.strip() == "[]", res.stderr

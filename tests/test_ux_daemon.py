@@ -29,14 +29,21 @@ def state_dir() -> Path:
 
 
 def serving(proc: subprocess.Popen[bytes]) -> None:
-    wait_for(lambda: (daemon_pid(state_dir()) == proc.pid and (state_dir() / "daemon.sock")
-             .exists()) or proc.poll() is not None, 20, what="the daemon")  # fmt: skip
+    wait_for(
+        lambda: (
+            (daemon_pid(state_dir()) == proc.pid and (state_dir() / "daemon.sock").exists())
+            or proc.poll() is not None
+        ),
+        20,
+        what="the daemon",
+    )
     assert proc.poll() is None
 
 
 def a_ticket() -> None:
-    res = subprocess.run([NPU_HOLD, "-l", "uxd", "--", "true"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [NPU_HOLD, "-l", "uxd", "--", "true"], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -83,8 +90,9 @@ def check_log_file() -> None:
 def test_at_a_terminal_readable_lines_in_colour(isolated_hold: Path) -> None:
     master, slave = os.openpty()
     try:
-        proc = subprocess.Popen([*HOLD, "daemon"], stdin=subprocess.DEVNULL, stdout=slave,
-                                stderr=slave)  # fmt: skip
+        proc = subprocess.Popen(
+            [*HOLD, "daemon"], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave
+        )
     finally:
         os.close(slave)
     try:
@@ -108,8 +116,9 @@ def test_at_a_terminal_readable_lines_in_colour(isolated_hold: Path) -> None:
 def test_piped_no_colour(isolated_hold: Path, tmp_path: Path) -> None:
     err = tmp_path / "daemon.err"
     with open(err, "wb") as f:  # a file, read once the daemon ended: as a pipe, no terminal
-        proc = subprocess.Popen([*HOLD, "daemon"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=f)  # fmt: skip
+        proc = subprocess.Popen(
+            [*HOLD, "daemon"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f
+        )
     try:
         serving(proc)
         a_ticket()
@@ -124,8 +133,12 @@ def test_piped_no_colour(isolated_hold: Path, tmp_path: Path) -> None:
 
 
 def test_through_a_real_pipe_no_colour(isolated_hold: Path) -> None:
-    proc = subprocess.Popen([*HOLD, "daemon"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [*HOLD, "daemon"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         serving(proc)
         a_ticket()
@@ -142,8 +155,9 @@ def test_detached_says_nothing_of_it(tmp_path: Path) -> None:
     """The autostarted daemon (``--detach``) keeps to its log file."""
     out = tmp_path / "detached.out"
     with open(out, "wb") as f:  # a file: the daemon keeps what it was given
-        res = subprocess.run([*HOLD, "daemon", "--detach"], stdin=subprocess.DEVNULL, stdout=f,
-                             stderr=f, timeout=30)  # fmt: skip
+        res = subprocess.run(
+            [*HOLD, "daemon", "--detach"], stdin=subprocess.DEVNULL, stdout=f, stderr=f, timeout=30
+        )
     assert res.returncode == 0, out.read_text()
     a_ticket()
     assert "hold daemon:" not in out.read_text() and "granted" not in out.read_text()
@@ -152,14 +166,19 @@ def test_detached_says_nothing_of_it(tmp_path: Path) -> None:
 def test_a_console_nobody_reads_never_stops_the_grants(isolated_hold: Path) -> None:
     """Its stderr a pipe that is never read: the lines past the pipe's buffer are
     dropped, and every ticket is still granted (the loop never waits on the console)."""
-    proc = subprocess.Popen([*HOLD, "daemon"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [*HOLD, "daemon"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     label = "x" * 200  # each event's line carries it: the 64 KiB pipe fills in ~100 tickets
     try:
         serving(proc)
         for _ in range(150):
-            res = subprocess.run([NPU_HOLD, "-l", label, "--", "true"], capture_output=True,
-                                 text=True, timeout=30)  # fmt: skip
+            res = subprocess.run(
+                [NPU_HOLD, "-l", label, "--", "true"], capture_output=True, text=True, timeout=30
+            )
             assert res.returncode == 0, res.stderr
     finally:
         stop(proc)

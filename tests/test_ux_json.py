@@ -22,20 +22,53 @@ from test_audit import DOC_TYPES, ROW_TYPES
 
 Types = dict[str, tuple[type, ...]]
 NONE = type(None)
-INSIDE = ["--pass-env", "HOLD_STATE_DIR", "--pass-env", "HOLD_CONFIG",
-          "--pass-env", "HOLD_LOCK_DIR"]  # fmt: skip
-CHECK: Types = {"version": (int,), "ok": (bool,), "device": (str,), "why": (str,),
-                "lease": (dict, NONE)}  # fmt: skip
-CHECK_LEASE: Types = {"id": (str,), "class": (str,), "devices": (list,), "label": (str, NONE),
-                      "user": (str,), "holder_pid": (int,), "granted": (int, float),
-                      "expires": (int, float)}  # fmt: skip
+INSIDE = [
+    "--pass-env",
+    "HOLD_STATE_DIR",
+    "--pass-env",
+    "HOLD_CONFIG",
+    "--pass-env",
+    "HOLD_LOCK_DIR",
+]
+CHECK: Types = {
+    "version": (int,),
+    "ok": (bool,),
+    "device": (str,),
+    "why": (str,),
+    "lease": (dict, NONE),
+}
+CHECK_LEASE: Types = {
+    "id": (str,),
+    "class": (str,),
+    "devices": (list,),
+    "label": (str, NONE),
+    "user": (str,),
+    "holder_pid": (int,),
+    "granted": (int, float),
+    "expires": (int, float),
+}
 STATUS: Types = {"version": (int,), "arbiter": (dict,), "classes": (dict,)}
 ARBITER: Types = {"kind": (str,), "pid": (int,), "state_dir": (str,)}
-HOLDER: Types = {"lease": (str,), "label": (str, NONE), "pid": (int,), "user": (str,),
-                 "since": (int, float), "expires": (int, float), "state": (str,)}  # fmt: skip
-CALL: Types = {"version": (int,), "call": (str,), "unit": (str,), "stack": (str,),
-               "outcome": (str,), "exit": (int,), "returncode": (int, NONE),
-               "stdout": (str,), "wall_s": (int, float)}  # fmt: skip
+HOLDER: Types = {
+    "lease": (str,),
+    "label": (str, NONE),
+    "pid": (int,),
+    "user": (str,),
+    "since": (int, float),
+    "expires": (int, float),
+    "state": (str,),
+}
+CALL: Types = {
+    "version": (int,),
+    "call": (str,),
+    "unit": (str,),
+    "stack": (str,),
+    "outcome": (str,),
+    "exit": (int,),
+    "returncode": (int, NONE),
+    "stdout": (str,),
+    "wall_s": (int, float),
+}
 
 
 def conforms(doc: Any, types: Types, *, top: bool = False) -> None:
@@ -64,8 +97,7 @@ def hold(*args: str, inside: bool = False) -> tuple[int, Any]:
     argv = [*HOLD, *args]
     if inside:
         argv = [*HOLD, "run", "--device", "npu", *INSIDE, "--", *argv]
-    res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     try:
         return res.returncode, json.loads(res.stdout)
     except json.JSONDecodeError:
@@ -143,8 +175,13 @@ def test_call(tmp_path: Path) -> None:
 
     name = f"uxjson{os.getpid()}"
     (tmp_path / "s.yaml").write_text(STACK.format(name=name, cpu=max(allowed_cpus())))
-    up = subprocess.run([*HOLD, "up", "--detach", str(tmp_path / "s.yaml")], capture_output=True,
-                        text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+    up = subprocess.run(
+        [*HOLD, "up", "--detach", str(tmp_path / "s.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert up.returncode == 0, up.stderr
     try:
         code, doc = hold("call", name, "echo", "--arg", "word=hi", "--json")

@@ -33,17 +33,40 @@ def test_released_lease_exits_6(tmp_path: Path, how: str) -> None:
     pidfile = tmp_path / "pid"
     with open(tmp_path / "H.stderr", "w") as err:
         h = subprocess.Popen(
-            [NPU_HOLD, "-l", "job", "--grace", "5s", "--", "sh", "-c", COMMANDS[how], "sh",
-             str(pidfile)],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-        )  # fmt: skip
+            [
+                NPU_HOLD,
+                "-l",
+                "job",
+                "--grace",
+                "5s",
+                "--",
+                "sh",
+                "-c",
+                COMMANDS[how],
+                "sh",
+                str(pidfile),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+        )
     try:
-        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20,
-                           what="the command's pid"))  # fmt: skip
+        pid = int(
+            wait_for(
+                lambda: pidfile.exists() and pidfile.read_text().strip(),
+                20,
+                what="the command's pid",
+            )
+        )
         token = os.path.join(os.environ["HOLD_STATE_DIR"], "npu-0.token")
         lease = wait_for(lambda: (r := read_record(token)) and r["lease"], 20, what="the token")
-        res = subprocess.run([*HOLD, "release", lease], stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        res = subprocess.run(
+            [*HOLD, "release", lease],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert res.returncode == 0, res.stderr
         assert h.wait(30) == RELEASED == 6
     finally:

@@ -43,12 +43,28 @@ class Holder:
         self.base = base
         self.err = open(base / "H.stderr", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [NPU_HOLD, "-t", time_limit, "-l", LABEL, "--", sys.executable, GATED, str(base),
-             "H", "--wait"],
-            stdin=subprocess.DEVNULL, stdout=self.err, stderr=self.err,
-        )  # fmt: skip
-        wait_for(lambda: (base / "H.ready").exists() or self.proc.poll() is not None, 20,
-                 what="the holder's command")  # fmt: skip
+            [
+                NPU_HOLD,
+                "-t",
+                time_limit,
+                "-l",
+                LABEL,
+                "--",
+                sys.executable,
+                GATED,
+                str(base),
+                "H",
+                "--wait",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self.err,
+            stderr=self.err,
+        )
+        wait_for(
+            lambda: (base / "H.ready").exists() or self.proc.poll() is not None,
+            20,
+            what="the holder's command",
+        )
         assert self.proc.poll() is None, (base / "H.stderr").read_text()
         self.record = wait_for(self._token, 20, what="the holder's token")
 
@@ -137,8 +153,13 @@ def test_live_waiting_line_at_a_terminal(
     width = int(columns_env or cols)
     master, slave = open_pty(cols)
     try:
-        proc = subprocess.Popen([NPU_HOLD, "-l", "waiter", "--", "true"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)  # fmt: skip
+        proc = subprocess.Popen(
+            [NPU_HOLD, "-l", "waiter", "--", "true"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+        )
         os.close(slave)
         slave = -1
         buf = bytearray()
@@ -181,8 +202,13 @@ def test_live_line_shows_the_time_left_at_a_wide_terminal(tmp_path: Path, holder
     env = {**os.environ, "COLUMNS": "200"}
     master, slave = open_pty(200)
     try:
-        proc = subprocess.Popen([NPU_HOLD, "--wait-timeout", "1.5s", "--", "true"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)  # fmt: skip
+        proc = subprocess.Popen(
+            [NPU_HOLD, "--wait-timeout", "1.5s", "--", "true"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+        )
         os.close(slave)
         buf = bytearray()
         try:

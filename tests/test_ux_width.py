@@ -42,8 +42,7 @@ def at_terminal(argv: list[str], cols: int = 80, timeout: float = 30) -> tuple[i
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
     buf = bytearray()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
-                                env=env)  # fmt: skip
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
         os.close(slave)
         slave = -1
         deadline = time.monotonic() + timeout
@@ -69,8 +68,9 @@ def at_terminal(argv: list[str], cols: int = 80, timeout: float = 30) -> tuple[i
 
 def piped(argv: list[str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=60, env=env)  # fmt: skip
+    return subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def assert_fits(text: str, cols: int) -> None:
@@ -105,12 +105,18 @@ def queue(tmp_path: Path) -> Iterator[tuple[int, str]]:
     try:
         holder = subprocess.Popen(
             [NPU_HOLD, "-t", "2h", "-l", LABEL, "--", PY, GATED, str(tmp_path), "H", "--wait"],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+        )
         procs.append(holder)
         wait_for(lambda: (tmp_path / "H.ready").exists(), 20, what="the holder")
-        waiter = subprocess.Popen([NPU_HOLD, "-l", "waiter", "--", "true"],
-                                  stdin=subprocess.DEVNULL, stdout=err, stderr=err)  # fmt: skip
+        waiter = subprocess.Popen(
+            [NPU_HOLD, "-l", "waiter", "--", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+        )
         procs.append(waiter)
 
         def queued() -> str | None:
@@ -139,8 +145,16 @@ def test_status_fits_80_columns_at_a_terminal(queue: tuple[int, str]) -> None:
     assert_fits(text, 80)
     lines = text.splitlines()
     assert lines[0].startswith("arbiter: ")
-    assert lines[1].split() == ["DEVICE", "STATE", "LEASE", "USER", "PID", "UNTIL", "SINCE",
-                                "LABEL"]  # fmt: skip
+    assert lines[1].split() == [
+        "DEVICE",
+        "STATE",
+        "LEASE",
+        "USER",
+        "PID",
+        "UNTIL",
+        "SINCE",
+        "LABEL",
+    ]
     row = next(ln for ln in lines if ln.startswith("npu:0"))
     assert row.split()[:5] == ["npu:0", "active", lease, "root", str(pid)]
     assert "left)" in row  # the time left on the lease
@@ -170,8 +184,9 @@ def fake_with_shared(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     nodes = [d / "fakedev0", d / "fakedev1", d / "fakectl"]
     for n in nodes:
         n.write_bytes(b"\0" * 4096)
-    update_config(tmp_path, devices={"fake": {"nodes": [f"{d}/fakedev*"],
-                                              "shared_nodes": [f"{d}/fakectl"]}})  # fmt: skip
+    update_config(
+        tmp_path, devices={"fake": {"nodes": [f"{d}/fakedev*"], "shared_nodes": [f"{d}/fakectl"]}}
+    )
     yield nodes[0], nodes[1], nodes[2]
 
 
@@ -239,8 +254,7 @@ def test_audit_fits_80_columns_at_a_terminal(holders: tuple[int, int]) -> None:
     assert code == 1, text
     assert_fits(text, 80)
     lines = text.splitlines()
-    assert lines[0].split() == ["DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE",
-                                "COMMAND"]  # fmt: skip
+    assert lines[0].split() == ["DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE", "COMMAND"]
     a_line = next(ln for ln in lines if f" {a_pid} " in ln)
     assert a_line.startswith("fake:0 ") and "STRAY" in a_line and LONG not in a_line
     assert any(ln.startswith("fake: shared nodes only") and f" {b_pid} " in ln for ln in lines)

@@ -77,12 +77,26 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
         n.write_bytes(b"\0" * 4096)
     update_config(tmp_path, devices={"npu": {"nodes": [f"{d}/accel*"]}})
     client = subprocess.Popen(
-        [str(BIN / "npu-hold"), "-t", "5m", "-l", LABEL, "--device", "npu:0", "--",
-         PY, HOLDER, str(tmp_path / "covered.out"), "fd", str(nodes[0])],
+        [
+            str(BIN / "npu-hold"),
+            "-t",
+            "5m",
+            "-l",
+            LABEL,
+            "--device",
+            "npu:0",
+            "--",
+            PY,
+            HOLDER,
+            str(tmp_path / "covered.out"),
+            "fd",
+            str(nodes[0]),
+        ],
         stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    stray = subprocess.Popen([PY, HOLDER, str(tmp_path / "stray.out"), "fd", str(nodes[1])],
-                             stdin=subprocess.DEVNULL)  # fmt: skip
+    )
+    stray = subprocess.Popen(
+        [PY, HOLDER, str(tmp_path / "stray.out"), "fd", str(nodes[1])], stdin=subprocess.DEVNULL
+    )
     try:
         covered = _roles(tmp_path / "covered.out", client)["holder"]
         _roles(tmp_path / "stray.out", stray)
@@ -105,8 +119,12 @@ def hold(*args: str) -> str:
 def served(tmp_path: Path) -> Iterator[str]:
     """``hold web --listen 127.0.0.1:0`` running; its URL."""
     err = (tmp_path / "web.err").open("wb")
-    proc = subprocess.Popen([*HOLD, "web", "--listen", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=err)  # fmt: skip
+    proc = subprocess.Popen(
+        [*HOLD, "web", "--listen", "127.0.0.1:0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=err,
+    )
     try:
         assert proc.stdout is not None
         assert select.select([proc.stdout], [], [], 30)[0], "hold web said nothing in 30s"
@@ -122,8 +140,9 @@ def served(tmp_path: Path) -> Iterator[str]:
         proc.stdout.close()
 
 
-def get(url: str, path: str, method: str = "GET", host: str | None = None,
-        body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+def get(
+    url: str, path: str, method: str = "GET", host: str | None = None, body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
     m = re.match(r"http://([\d.]+):(\d+)/", url)
     assert m
     conn = http.client.HTTPConnection(m.group(1), int(m.group(2)), timeout=30)
@@ -147,13 +166,30 @@ def browse(url: str, tmp_path: Path, shot: str) -> str:
     ARTIFACTS.mkdir(exist_ok=True)
     png = ARTIFACTS / shot
     png.unlink(missing_ok=True)
-    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", f"--user-data-dir={tmp_path / 'chromium'}",
-            "--virtual-time-budget=5000", "--dump-dom", f"--screenshot={png}",
-            "--window-size=1280,800", url]  # fmt: skip
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    argv = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        f"--screenshot={png}",
+        "--window-size=1280,800",
+        url,
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -245,8 +281,10 @@ def test_the_page_in_a_browser_shows_the_lease_and_the_stray(
 
 def _unstable(doc: dict[str, Any]) -> dict[str, Any]:
     """An audit document without what moves between two scans."""
-    rows = sorted(({k: v for k, v in r.items() if k not in ("age_s", "rss_bytes")}
-                   for r in doc["holders"]), key=lambda r: (r["device"], r["pid"]))  # fmt: skip
+    rows = sorted(
+        ({k: v for k, v in r.items() if k not in ("age_s", "rss_bytes")} for r in doc["holders"]),
+        key=lambda r: (r["device"], r["pid"]),
+    )
     return {"holders": rows, "stray": doc["stray"], "version": doc["version"]}
 
 
@@ -290,8 +328,9 @@ def test_loopback_by_default_and_a_warning_for_any_other_address(tmp_path: Path)
     for bad in ("8080", "example.com:80", "127.0.0.1:99999", "127.0.0.1:"):
         with pytest.raises(web.BadValue):
             web.parse_listen(bad)
-    res = subprocess.run([*HOLD, "web", "--listen", "nowhere"], capture_output=True,
-                         text=True, timeout=30)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "web", "--listen", "nowhere"], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2 and "--listen 'nowhere' is not valid" in res.stderr
 
     err = tmp_path / "err"
@@ -354,13 +393,25 @@ class FakeSources(web.Sources):
         return {"version": 1, "arbiter": None, "classes": {"npu": npu}}
 
     def audit(self) -> dict[str, Any]:
-        return {"version": 1, "holders": [], "stray": 0, "not_inspected": 0, "processes": 9,
-                "scan_seconds": 0.0}  # fmt: skip
+        return {
+            "version": 1,
+            "holders": [],
+            "stray": 0,
+            "not_inspected": 0,
+            "processes": 9,
+            "scan_seconds": 0.0,
+        }
 
     def report(self) -> dict[str, Any]:
         user = {"user": "ann", "leases": 2, "leased_s": 3600, "labels": {"<b>x</b>": 60}}
-        return {"version": 1, "since": None, "now": 1.8e9, "users": [user], "devices": [],
-                "strays": []}  # fmt: skip
+        return {
+            "version": 1,
+            "since": None,
+            "now": 1.8e9,
+            "users": [user],
+            "devices": [],
+            "strays": [],
+        }
 
     def metrics(self) -> str:
         return 'hold_device_leased{class="npu",index="0"} 0\n'

@@ -56,8 +56,10 @@ def test_the_alias_bomb_is_about_400_bytes() -> None:
 def test_alias_bomb_refused_fast_and_small(parser: str) -> None:
     errs = refused(alias_bomb())
     assert len(errs) == 1
-    assert errs[0].startswith("f.yaml:6: a5[0]: alias *a4: the document holds more than 100000 "
-                              "values with every alias expanded")  # fmt: skip
+    assert errs[0].startswith(
+        "f.yaml:6: a5[0]: alias *a4: the document holds more than 100000 "
+        "values with every alias expanded"
+    )
 
 
 MEASURE = textwrap.dedent("""
@@ -97,8 +99,10 @@ def test_alias_bomb_refusal_measured_in_a_fresh_process(tmp_path: Path) -> None:
     config.write_text("cgroups: auto\nx-bomb:\n" + textwrap.indent(alias_bomb(), "  "))
     res = subprocess.run(
         [sys.executable, "-c", MEASURE, str(ROOT), str(stack), str(config)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     print(got)  # the measurement, for the record (pytest -s)
@@ -213,5 +217,4 @@ def test_scalars_are_plain_values(parser: str) -> None:
     root = compose("a: 1\nb: 1.5\nc: yes\nd: ~\ne: 2024-01-01\nf: =\ng: '1'\n", "f.yaml")
     assert isinstance(root, yaml.MappingNode)
     values = {k.value: yamlsafe.scalar_value(v) for k, v in root.value}
-    assert values == {"a": 1, "b": 1.5, "c": True, "d": None, "e": "2024-01-01", "f": "=",
-                      "g": "1"}  # fmt: skip
+    assert values == {"a": 1, "b": 1.5, "c": True, "d": None, "e": "2024-01-01", "f": "=", "g": "1"}

@@ -32,8 +32,14 @@ PROT_READ, MAP_SHARED = 1, 1
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                      ctypes.c_int, ctypes.c_long]  # fmt: skip
+libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
 SLEEP = next(p for p in ("/usr/bin/sleep", "/bin/sleep") if os.path.exists(p))
 
 

@@ -46,8 +46,14 @@ def hold() -> None:
     if how == "mmap":
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long]  # fmt: skip
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
         prot_read, map_shared = 1, 1
         addr = libc.mmap(None, 4096, prot_read, map_shared, fd, 0)
         if addr in (None, ctypes.c_void_p(-1).value):
