@@ -58,3 +58,38 @@ def test_init_replaced_by_supervisord_is_a_clear_import_error(tmp_path: Path) ->
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: "), r.stderr
     assert "not hold's" in last and "separate virtual environment" in last
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at module level or inside a function."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_supervisor_never_imports_hold() -> None:
+    """The layering: process control knows nothing of devices and tickets."""
+    files = sorted((ROOT / "supervisor").rglob("*.py"))
+    assert len(files) > 20
+    wrong = {
+        str(f.relative_to(ROOT)): sorted(m for m in _imports(f) if m.split(".")[0] == "hold")
+        for f in files
+    }
+    assert not {f: m for f, m in wrong.items() if m}
+
+
+def test_autostarts_daemon_imports_no_click() -> None:
+    """``hold daemon --detach`` (what autostart runs) skips click: an idle daemon's memory."""
+    code = (
+        "import sys, hold.entry, hold.daemoncmd, hold.daemon; "
+        "print(','.join(m for m in ('click', 'statistics', 'pydantic') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ""
