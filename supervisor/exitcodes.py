@@ -13,13 +13,17 @@ NO = 1  # a check answered no (or: no such stack is running)
 USAGE = 2  # usage or configuration error, refusal before anything started
 SURVIVORS = 3  # survivors remained after a stop
 UNIT_FAILED = 4  # a unit failed to start (or ended with no restart left)
-NOT_READY = 5  # a unit never became ready
+# A unit failed its readiness check: the probe answered a definite no that
+# waiting cannot change (its port answers from a process outside the unit, the
+# probe command cannot be executed). Not ready *in time* is EXPIRED: every time
+# limit that runs out exits 124.
+NOT_READY = 5
 # A lease ended by `hold release`: the command (or stack) was stopped. Not the
 # command's own status: one that exits 0 on SIGTERM would look done (as 124
 # for the time limit).
 RELEASED = 6
 BUSY = 75  # the device or every slot is taken, and the caller would not wait (EX_TEMPFAIL)
-EXPIRED = 124  # time limit reached, as timeout(1)
+EXPIRED = 124  # a time limit ran out (-t, a lease, a call, readiness, a oneshot), as timeout(1)
 TOOL = 125  # the tool itself failed
 NOT_EXECUTABLE = 126  # the command is not executable
 NOT_FOUND = 127  # the command was not found

@@ -14,7 +14,7 @@ import queue
 import time
 
 from supervisor.cause import Cause
-from supervisor.exitcodes import NOT_READY, SURVIVORS, UNIT_FAILED
+from supervisor.exitcodes import EXPIRED, NOT_READY, SURVIVORS, UNIT_FAILED
 from supervisor.liveness import Liveness, stop_unhealthy
 from supervisor.notify import tell_systemd
 from supervisor.parse import format_cpus
@@ -93,7 +93,10 @@ def _on_result(st: StackState, u: Unit, outcome: str, code: int, why: str) -> No
         _end_for_good(st, u, Cause("start", f"oneshot {u.name} failed: {why}", code), why)
         return
     if st.phase == "starting" and u.total_restarts == 0 and u.spec.essential:
-        what = "never became ready" if code == NOT_READY else "failed to start"
+        what = {
+            NOT_READY: "failed its readiness check",
+            EXPIRED: "did not become ready in time",
+        }.get(code, "failed to start")
         fail(st, Cause("start", f"unit {u.name} {what}: {why}", code), u)
         return
     _after_end(st, u, failed=True, code=code, why=why)

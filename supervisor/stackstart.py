@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor import readiness
-from supervisor.exitcodes import NOT_READY, SURVIVORS, UNIT_FAILED
+from supervisor.exitcodes import EXPIRED, NOT_READY, SURVIVORS, UNIT_FAILED
 from supervisor.notify import NotifyProbe
 from supervisor.spawn import Child, SpawnError, owned_pids, spawn
 from supervisor.stackstate import StackState
@@ -217,7 +217,7 @@ def _wait_done(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
         return ("failed", SURVIVORS, f"processes it left survived their stop: {report.summary()}")
     left_note = f"; stopped what it left: {report.summary()}" if report.stopped else ""
     if code is None:
-        return ("failed", UNIT_FAILED, f"did not complete within {limit:g}s; stopped{left_note}")
+        return ("failed", EXPIRED, f"did not complete within {limit:g}s; stopped{left_note}")
     if code != 0:
         return ("failed", UNIT_FAILED, f"exited with {status_text(code)} after {took:.2f}s")
     return ("completed", 0, f"exited with status 0 after {took:.2f}s{left_note}")
@@ -251,13 +251,14 @@ def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
         if answer.ok:
             return ("ready", 0, answer.detail)
         if answer.fatal:
-            return ("failed", NOT_READY, answer.detail)
+            return ("failed", NOT_READY, f"probe {ready.describe()}: {answer.detail}")
         left = deadline - time.monotonic()
         if left <= 0:
             return (
                 "failed",
-                NOT_READY,
-                f"not ready within {ready.timeout:g}s ({ready.describe()}: {answer.detail})",
+                EXPIRED,
+                f"not ready within {ready.timeout:g}s "
+                f"(probe {ready.describe()}, last answer: {answer.detail})",
             )
         poller.poll(min(interval, left) * 1000)
         drain(u.wake_r)

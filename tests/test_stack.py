@@ -268,8 +268,10 @@ while True:
             ]
         )
         code = up.wait()
+        # A definite no (waiting cannot help): 5, not the timeout's 124.
         assert code == 5, up.err
         assert f"held by pid {foreign.pid}" in up.err and "not by this unit" in up.err, up.err
+        assert "failed its readiness check: probe tcp " in up.err, up.err
     finally:
         if foreign is not None:
             foreign.kill()
@@ -303,7 +305,7 @@ def test_failure_at_start_stops_what_started_in_reverse_order(tmp_path: Path) ->
     assert_all_gone(tmp_path)
 
 
-def test_never_ready_is_exit_5_and_names_the_probe(tmp_path: Path) -> None:
+def test_never_ready_in_time_is_exit_124_and_names_the_unit_and_probe(tmp_path: Path) -> None:
     path = write_stack(
         tmp_path,
         f"""
@@ -314,8 +316,11 @@ def test_never_ready_is_exit_5_and_names_the_probe(tmp_path: Path) -> None:
     )
     t0 = time.monotonic()
     res = hold("up", str(path))
-    assert res.returncode == 5, res.stderr
-    assert "unit slow never became ready: not ready within 0.5s (log ^READY$" in res.stderr
+    assert res.returncode == 124, res.stderr
+    assert (
+        "unit slow did not become ready in time: not ready within 0.5s (probe log ^READY$"
+        in res.stderr
+    ), res.stderr
     assert "| still loading" in res.stderr
     assert time.monotonic() - t0 < 10
     assert_all_gone(tmp_path)
