@@ -23,9 +23,9 @@ must say so. Before a crowd starts, the machine's limits (``pid_max``,
 Timed, side by side and interleaved (each round runs every tool once, in a
 rotating order, so a busy second on a shared machine lands on all of them):
 
-* ``hold.holders.scan(targets)`` in this process (the scan alone: its default
-  threads, as the daemon runs it; on one thread; and spread over forked
-  workers, as ``hold audit`` runs it);
+* ``hold.holders.scan(targets)`` in this process (the scan alone: in the
+  calling thread, as the daemon runs it; and spread over forked workers, as
+  ``hold audit`` runs it);
 * ``hold audit --json`` end to end (interpreter start, configuration, scan,
   attribution, report);
 * ``fuser -v NODE`` (psmisc; C);
@@ -92,10 +92,20 @@ class Crowd:
         ready_r, ready_w = os.pipe()
         life_r, self.lifeline = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, str(CROWD), str(node), str(total), str(by_fd), str(by_map),
-             str(ready_w), str(life_r)],
-            pass_fds=(ready_w, life_r), stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(CROWD),
+                str(node),
+                str(total),
+                str(by_fd),
+                str(by_map),
+                str(ready_w),
+                str(life_r),
+            ],
+            pass_fds=(ready_w, life_r),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         os.close(ready_w)
         os.close(life_r)
         self.kinds: dict[str, set[int]] = {"fd": set(), "mmap": set(), "none": set()}
@@ -182,10 +192,9 @@ def by_scan(
     tgts: dict[Any, Any],
     expect_fd: set[int],
     expect_map: set[int],
-    threads: int = 0,
     forks: bool = False,
 ) -> set[int]:
-    res = scan(tgts, threads=threads, forks=forks)
+    res = scan(tgts, forks=forks)
     fd = {h.pid for h in res.holders if h.how == "fd"}
     mm = {h.pid for h in res.holders if h.how == "mmap"}
     if fd != expect_fd or mm != expect_map:
@@ -244,7 +253,7 @@ def profile_scan(tgts: dict[Any, Any]) -> dict[str, Any]:
     prof = cProfile.Profile()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     prof.enable()
-    res = scan(tgts, threads=1)
+    res = scan(tgts)
     prof.disable()
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     text = io.StringIO()
@@ -303,8 +312,12 @@ def bench(total: int, holders: int, runs: int, warmup: int, profile: bool) -> di
                 "bytecode the warm-up round caches, as an installation has it"
             )
         by_fd = holders // 2
-        print(f"{total} extra processes ({by_fd} hold the node by descriptor, "
-              f"{holders - by_fd} by mapping only)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{total} extra processes ({by_fd} hold the node by descriptor, "
+            f"{holders - by_fd} by mapping only)",
+            file=sys.stderr,
+            flush=True,
+        )
         t0 = time.monotonic()
         kinds: dict[str, set[int]] = {"fd": set(), "mmap": set(), "none": set()}
         if total:
@@ -317,8 +330,7 @@ def bench(total: int, holders: int, runs: int, warmup: int, profile: bool) -> di
         audit = [hold, "audit", "--json"]
         # (name, in this process?, the call)
         tools: list[tuple[str, bool, Callable[[], set[int]]]] = [
-            ("hold.audit.scan()", True, lambda: by_scan(tgts, fd, mm)),
-            ("scan(threads=1)", True, lambda: by_scan(tgts, fd, mm, 1)),
+            ("scan()", True, lambda: by_scan(tgts, fd, mm)),
             ("scan(forks=True)", True, lambda: by_scan(tgts, fd, mm, forks=True)),
             ("hold audit --json", False, lambda: by_hold_audit(audit, env, bool(want))),
             ("fuser -v NODE", False, lambda: by_fuser(node)),
@@ -351,14 +363,20 @@ def bench(total: int, holders: int, runs: int, warmup: int, profile: bool) -> di
             print(".", file=sys.stderr, end="", flush=True)
         print(file=sys.stderr)
         rows = []
-        base, base_cpu = median(wall["hold.audit.scan()"]), median(cpu["hold.audit.scan()"])
+        base, base_cpu = median(wall["scan()"]), median(cpu["scan()"])
         for name, _, _ in tools:
             s = summary(wall[name])
-            rows.append({
-                "tool": name, **s, "x_scan": s["median"] / base,
-                "cpu": summary(cpu[name]), "cpu_x_scan": median(cpu[name]) / max(base_cpu, 1e-9),
-                "samples": wall[name], "cpu_samples": cpu[name],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "tool": name,
+                    **s,
+                    "x_scan": s["median"] / base,
+                    "cpu": summary(cpu[name]),
+                    "cpu_x_scan": median(cpu[name]) / max(base_cpu, 1e-9),
+                    "samples": wall[name],
+                    "cpu_samples": cpu[name],
+                }
+            )
         out = {
             "total": total,
             "holders": len(want),
@@ -375,8 +393,11 @@ def bench(total: int, holders: int, runs: int, warmup: int, profile: bool) -> di
         if crowd is not None:
             left = crowd.end()
             if left:
-                print(f"bench.audit: {len(left)} crowd processes outlived their parent "
-                      f"(killed now): {left[:10]}", file=sys.stderr)  # fmt: skip
+                print(
+                    f"bench.audit: {len(left)} crowd processes outlived their parent "
+                    f"(killed now): {left[:10]}",
+                    file=sys.stderr,
+                )
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -405,7 +426,7 @@ def table(result: dict[str, Any]) -> str:
         f"only); {p['runs']} interleaved rounds each, medians in ms:",
         "",
         "| extra processes | on the machine | holders | `hold audit --json` | `fuser -v NODE` "
-        "| audit / fuser | `lsof NODE` | `scan(forks=True)` | `scan()` (threads) |",
+        "| audit / fuser | `lsof NODE` | `scan(forks=True)` | `scan()` |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for size in result["sizes"]:
@@ -419,7 +440,7 @@ def table(result: dict[str, Any]) -> str:
             f"{audit_vs_fuser(size):.2f}",
             ms(rows["lsof NODE"]["median"]),
             ms(rows["scan(forks=True)"]["median"]),
-            ms(rows["hold.audit.scan()"]["median"]),
+            ms(rows["scan()"]["median"]),
         ]
         out.append("| " + " | ".join(cells) + " |")
     out += ["", "Aims, on medians:", ""] + [f"- {a}" for a in result["aims"]] + [""]
@@ -450,7 +471,7 @@ def table(result: dict[str, Any]) -> str:
     out += [
         "Wall time from call to return; CPU: user + system time of the processes that did",
         "the work (this one's threads and forked workers for scan(), the command for the",
-        "others). `scan()` is the daemon's (threads); `hold audit` runs `scan(forks=True)`.",
+        "others). `scan()` is the daemon's (one thread); `hold audit` runs `scan(forks=True)`.",
         "",
     ]
     out += [f"Note: {n}" for n in result["notes"]]

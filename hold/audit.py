@@ -77,9 +77,19 @@ def live_leases(sd: StateDir) -> list[LeaseView]:
             continue
         st = procscan.stat_of(rec.holder_pid)
         alive = st is not None and not st.is_dead and st.starttime == rec.holder_start
-        out.append(LeaseView(rec.lease, rec.cls, rec.devices, rec.label or "(private)",
-                             rec.holder_pid, rec.holder_start, rec.leaves, alive,
-                             rec.roots))  # fmt: skip
+        out.append(
+            LeaseView(
+                rec.lease,
+                rec.cls,
+                rec.devices,
+                rec.label or "(private)",
+                rec.holder_pid,
+                rec.holder_start,
+                rec.leaves,
+                alive,
+                rec.roots,
+            )
+        )
     return out
 
 
@@ -121,22 +131,23 @@ def attribute(
         related.append((lv, by))
     for lv, _by in related:
         if not lv.alive:
-            return Verdict(False, lv.lease, lv.label,
-                           f"the holder of lease {lv.lease} is gone")  # fmt: skip
+            return Verdict(False, lv.lease, lv.label, f"the holder of lease {lv.lease} is gone")
         if lv.cls == h.cls:
             devs = ",".join(map(str, lv.devices))
             why = f"lease {lv.lease} is for {lv.cls}:{devs}, not {h.cls}:{h.unit}"
             return Verdict(False, lv.lease, lv.label, why)
-        return Verdict(False, lv.lease, lv.label,
-                       f"lease {lv.lease} is for {lv.cls}, not {h.cls}")  # fmt: skip
+        return Verdict(False, lv.lease, lv.label, f"lease {lv.lease} is for {lv.cls}, not {h.cls}")
     past = _outlived(h, where, ended or [])
     if past is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(past["ended"])))
         why = f"lease {past['lease']} ended at {when}; this process outlived it"
         return Verdict(False, past["lease"], past["label"], why)
     dev = h.cls if h.unit is None else f"{h.cls}:{h.unit}"
-    on_it = [lv for lv in leases if lv.cls == h.cls and lv.alive
-             and (h.unit is None or h.unit in lv.devices)]  # fmt: skip
+    on_it = [
+        lv
+        for lv in leases
+        if lv.cls == h.cls and lv.alive and (h.unit is None or h.unit in lv.devices)
+    ]
     if not on_it:
         return Verdict(False, None, None, f"no live lease on {dev}")
     names = ", ".join(f"{lv.lease} (holder pid {lv.holder_pid})" for lv in on_it)
@@ -207,9 +218,10 @@ def build_report(
     mem = device_memory(result.holders, nvml.result if nvml is not None else None)
     users: dict[int, str] = {}  # each uid looked up once (NSS reads /etc/passwd per call)
     rows = []
-    for h, shared in sorted(one_row_per_device(result.holders),
-                            key=lambda r: (r[0].cls, -1 if r[0].unit is None else r[0].unit,
-                                           r[0].pid)):  # fmt: skip
+    for h, shared in sorted(
+        one_row_per_device(result.holders),
+        key=lambda r: (r[0].cls, -1 if r[0].unit is None else r[0].unit, r[0].pid),
+    ):
         if classes[h.cls].allows(h.pid, h.uid):
             v = Verdict(True, None, None, "an allowed holder of the class (configuration)")
         else:
@@ -217,18 +229,30 @@ def build_report(
         d = details(h.pid)
         if h.uid not in users:
             users[h.uid] = user_name(h.uid)
-        rows.append({
-            "device": h.cls if h.unit is None else f"{h.cls}:{h.unit}",
-            "cls": h.cls, "index": h.unit, "node": h.node, "how": h.how,
-            "shared_nodes": shared,
-            "pid": h.pid, "starttime": h.starttime, "uid": h.uid, "user": users[h.uid],
-            "command": d.command,
-            "age_s": None if d.age_s is None else round(d.age_s, 1),
-            "rss_bytes": d.rss_bytes,
-            "device_memory_bytes": mem.get((h.pid, h.cls, h.unit),
-                                           mem.get((h.pid, h.cls, None))),
-            "covered": v.covered, "lease": v.lease, "label": v.label, "why": v.why,
-        })  # fmt: skip
+        rows.append(
+            {
+                "device": h.cls if h.unit is None else f"{h.cls}:{h.unit}",
+                "cls": h.cls,
+                "index": h.unit,
+                "node": h.node,
+                "how": h.how,
+                "shared_nodes": shared,
+                "pid": h.pid,
+                "starttime": h.starttime,
+                "uid": h.uid,
+                "user": users[h.uid],
+                "command": d.command,
+                "age_s": None if d.age_s is None else round(d.age_s, 1),
+                "rss_bytes": d.rss_bytes,
+                "device_memory_bytes": mem.get(
+                    (h.pid, h.cls, h.unit), mem.get((h.pid, h.cls, None))
+                ),
+                "covered": v.covered,
+                "lease": v.lease,
+                "label": v.label,
+                "why": v.why,
+            }
+        )
     return {
         "version": 1,
         "holders": rows,
@@ -334,8 +358,13 @@ def _gone(pid: int, starttime: int, ended: Ended) -> dict[str, Any]:
     """The result for a stray that is gone already: by an earlier stray's stop, or by itself."""
     by = ended.get(pid)
     if by is not None and by[0] in (None, starttime):
-        return {"pid": pid, "stopped": True, "with": by[1], "outcome": by[2],
-                "why": f"{by[2]} with the tree of stray pid {by[1]}"}  # fmt: skip
+        return {
+            "pid": pid,
+            "stopped": True,
+            "with": by[1],
+            "outcome": by[2],
+            "why": f"{by[2]} with the tree of stray pid {by[1]}",
+        }
     return {"pid": pid, "stopped": True, "why": "already gone"}
 
 
@@ -354,11 +383,12 @@ def _stop_stray(
     # pid 1, everything is below it; it cannot be a member anyway.
     ident = ProcessId(pid, st.starttime)
     tree = Tree(
-        f"audit{pid}", ident,
+        f"audit{pid}",
+        ident,
         st.pgrp if st.pgrp == pid else None,
         st.session if st.session == pid else None,
         spare=spare,
-    )  # fmt: skip
+    )
     report = stop_tree(tree, grace=grace)
     for m in report.stopped:
         ended[m.pid] = (m.ident.starttime, pid, f"ended on {report.signal}")
@@ -373,7 +403,9 @@ def _stop_stray(
     if not gone and pid not in {s["pid"] for s in survivors}:
         survivors.append({"pid": pid, "command": r["command"], "found_by": "the stray itself"})
     return {
-        "pid": pid, "stopped": report.ok and gone, "outcome": report.outcome,
+        "pid": pid,
+        "stopped": report.ok and gone,
+        "outcome": report.outcome,
         "members": [m.pid for m in report.stopped],
         "survivors": survivors,
-    }  # fmt: skip
+    }

@@ -23,8 +23,14 @@ if TYPE_CHECKING:
 
 FLAGS = {"--json": "as_json", "--kill": "kill", "--yes": "yes"}
 VALUES = {"--device": "cls", "--grace": "grace"}
-DEFAULTS: dict[str, Any] = {"cls": None, "as_json": False, "kill": False, "yes": False,
-                            "grace": "10s"}  # fmt: skip  # click's, in hold.cli (a test compares)
+# click's, in hold.cli (a test compares)
+DEFAULTS: dict[str, Any] = {
+    "cls": None,
+    "as_json": False,
+    "kill": False,
+    "yes": False,
+    "grace": "10s",
+}
 ANSI = re.compile(r"\033\[[;?0-9]*[a-zA-Z]")  # what click.echo strips where not a terminal
 
 
@@ -107,9 +113,16 @@ def echo(text: str, err: bool = False) -> None:
     print(text, file=stream, flush=True)
 
 
-def main_audit(sd: StateDir, classes: dict[str, DeviceClass], cls: str | None, as_json: bool,
-               kill: bool, yes: bool, grace: float,
-               nvml: Prefetch | None = None) -> int:  # fmt: skip
+def main_audit(
+    sd: StateDir,
+    classes: dict[str, DeviceClass],
+    cls: str | None,
+    as_json: bool,
+    kill: bool,
+    yes: bool,
+    grace: float,
+    nvml: Prefetch | None = None,
+) -> int:
     """Scan, attribute, print (and with ``kill``, stop the strays); the exit status:
     0 all covered, 1 a stray, 3 a stop left survivors."""
     from hold.audit import build_report, kill_strays
@@ -172,9 +185,14 @@ def adopt_hints(doc: dict[str, Any]) -> list[str]:
     from supervisor.procscan import ancestors
 
     uid = os.geteuid()
-    rows = {r["pid"]: r for r in doc["holders"]
-            if not r["covered"] and r["lease"] is None and r["index"] is not None
-            and uid in (0, r["uid"])}  # fmt: skip
+    rows = {
+        r["pid"]: r
+        for r in doc["holders"]
+        if not r["covered"]
+        and r["lease"] is None
+        and r["index"] is not None
+        and uid in (0, r["uid"])
+    }
     out: list[str] = []
     for pid, r in rows.items():
         if any(a.pid in rows for a in ancestors(pid)):

@@ -17,8 +17,7 @@ HEAD = ("DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE", "COMMAND")
 FLEX = (6, 7)  # LEASE (or the stray's reason) and COMMAND
 
 
-def render_table(doc: dict[str, Any], width: int | None = None,
-                 notes: Sequence[str] = ()) -> str:  # fmt: skip
+def render_table(doc: dict[str, Any], width: int | None = None, notes: Sequence[str] = ()) -> str:
     """The report as a table (``width``: the terminal's, None when piped); ``notes``
     (the ``--adopt`` suggestions) above its last line."""
     rows = []
@@ -28,9 +27,18 @@ def render_table(doc: dict[str, Any], width: int | None = None,
         else:
             lease = f"{r['lease']} {r['label']!r}" if r["lease"] else "allowed (configuration)"
         device = r["device"] if r["index"] is not None else f"{r['device']}: shared nodes only"
-        rows.append((device, str(r["pid"]), r["user"], format_duration(r["age_s"]),
-                     size(r["rss_bytes"]), size(r["device_memory_bytes"]), lease,
-                     r["command"]))  # fmt: skip
+        rows.append(
+            (
+                device,
+                str(r["pid"]),
+                r["user"],
+                format_duration(r["age_s"]),
+                size(r["rss_bytes"]),
+                size(r["device_memory_bytes"]),
+                lease,
+                r["command"],
+            )
+        )
     lines = table(HEAD, rows, width, flex=FLEX)
     tail = f"{len(rows)} holder(s), {doc['stray']} stray; {doc['processes']} processes scanned"
     if doc["not_inspected"]:

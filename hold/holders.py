@@ -147,8 +147,9 @@ class _Matcher:
         if st0 is None or st0.is_dead:
             return [], False
         uid = _uid(pid)
-        return [Holder(pid, st0.starttime, uid, t.cls, t.unit, how, t.path)
-                for t, how in found.values()], denied  # fmt: skip
+        return [
+            Holder(pid, st0.starttime, uid, t.cls, t.unit, how, t.path) for t, how in found.values()
+        ], denied
 
     def _mapped(self, pid: int) -> list[Target]:
         data = read_proc(f"/proc/{pid}/maps")
@@ -199,24 +200,27 @@ def read_proc(path: str) -> bytes:
 
 
 def scan(
-    tgts: dict[Key, Target], pids: Iterable[int] | None = None, threads: int = 0,
-    cache: ScanCache | None = None, *, forks: bool = False,
-) -> Scan:  # fmt: skip
+    tgts: dict[Key, Target],
+    pids: Iterable[int] | None = None,
+    cache: ScanCache | None = None,
+    *,
+    forks: bool = False,
+) -> Scan:
     """Who holds any of ``tgts`` now (one entry per process and node).
 
     Kernel threads are not read, nor (with a ``cache``) processes read holding
     nothing of ``tgts`` a moment ago: :mod:`hold.scancache` says which and why.
-    The work is system calls on /proc (which release the GIL), so a large
-    machine's is spread over a few threads; a small one's is not worth a
-    thread's start.
+    The work runs in the calling thread: between its system calls the
+    per-process work is Python holding the GIL, so threads do not scale with
+    cores (``bench.audit``: on 16 cores, 10,000 processes, four threads took
+    847 ms and one 408).
 
     ``forks``: spread it over forked worker processes instead, one per usable
     core where there are enough processes to read (:func:`fork_count`); what
-    ``hold audit`` runs. Between the system calls the per-process work is
-    Python holding the GIL, so threads do not scale with cores and processes
-    do (``bench.audit``: on two busy cores the threads cost more than they
-    save). Batches that a worker could not read (not started, or died) are
-    read by this process: the result is the same either way.
+    ``hold audit`` runs (50 ms in the same run). Not for the daemon: forking a
+    process whose other threads may hold a lock is not safe. Batches that a
+    worker could not read (not started, or died) are read by this process:
+    the result is the same either way.
     """
     t0 = time.monotonic()
     me = os.getpid()
@@ -232,19 +236,7 @@ def scan(
     if forks:
         results += _forked(matcher, todo)
     else:
-        import threading  # only here: hold audit forks and needs no thread (1 ms)
-
-        threads = threads or max(1, min(4, os.cpu_count() or 1, len(todo) // PER_THREAD))
-        chunks: list[list[int]] = [todo[i::threads] for i in range(threads)]
-        workers = [
-            threading.Thread(target=lambda c: results.append(_work(matcher, c)), args=(c,))
-            for c in chunks[1:]
-        ]  # list.append is atomic
-        for w in workers:
-            w.start()
-        results.append(_work(matcher, chunks[0]))
-        for w in workers:
-            w.join()
+        results.append(_work(matcher, todo))
     if kernel:
         # A kernel thread that ended during the scan may have left its pid to
         # a user process since: whoever has such a pid now is read too.
@@ -257,7 +249,6 @@ def scan(
     return Scan(holders, denied, listed, time.monotonic() - t0)
 
 
-PER_THREAD = 250  # processes per scan thread (below that, one thread is faster)
 PER_FORK = 300  # processes per forked worker (below that, its start costs more than it saves)
 MAX_FORKS = 16
 
@@ -504,9 +495,10 @@ def device_memory(
 
 
 def _nvml(
-    holders: list[Holder], out: dict[tuple[int, str, int | None], int],
+    holders: list[Holder],
+    out: dict[tuple[int, str, int | None], int],
     asked: NvmlMemory | None,
-) -> None:  # fmt: skip
+) -> None:
     # Only the gpu class's rows show NVML's figures: no NVML for other classes.
     pids = {h.pid for h in holders if h.cls == "gpu"}
     if not pids:

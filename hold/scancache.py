@@ -100,8 +100,11 @@ class ScanCache:
         now = time.monotonic()
         with self._lock:
             known = self._empty.get(targets, {})
-            fresh = {p: v for p, v in known.items()
-                     if now - v[0] <= self.window and not reused(p, v[1], cursor)}  # fmt: skip
+            fresh = {
+                p: v
+                for p, v in known.items()
+                if now - v[0] <= self.window and not reused(p, v[1], cursor)
+            }
             self._empty[targets] = fresh
         return [p for p in pids if p not in fresh], cursor
 

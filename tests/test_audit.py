@@ -87,9 +87,13 @@ class Procs:
         return self.base / f"holder{self.n}.out"
 
     def holder(
-        self, how: str, node: Path | str, *opts: str, lease: str | None = None,
+        self,
+        how: str,
+        node: Path | str,
+        *opts: str,
+        lease: str | None = None,
         wrap: list[str] | None = None,
-    ) -> dict[str, int]:  # fmt: skip
+    ) -> dict[str, int]:
         """Start a holder (under ``hold run --device LEASE`` when given); its roles -> pids."""
         out = self._out()
         argv = [PY, HOLDER, str(out), how, str(node), *opts]
@@ -167,12 +171,17 @@ def fake_nodes(tmp_path: Path, count: int = 2) -> list[Path]:
     return nodes
 
 
-def audit(*args: str, env: dict[str, str] | None = None,
-          prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def audit(
+    *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*(prefix or []), *HOLD, "audit", *args], stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        [*(prefix or []), *HOLD, "audit", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def audit_json(*args: str, code: int | None = None, **kw: Any) -> dict[str, Any]:
@@ -242,8 +251,9 @@ def user_python(user: str, runtime: Path) -> str:
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
             as_user(user, [cand, "-c", "import hold.audit"], runtime, {}),
-            capture_output=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=30,
+        )
         if ok.returncode == 0:
             return cand
     pytest.skip(f"no Python here that {user} may run with the copied runtime")
@@ -357,13 +367,23 @@ def test_holder_through_a_bind_mount(tmp_path: Path, procs: Procs) -> None:
     bind = f"mount --bind {shlex.quote(str(nodes[0].parent))} {shlex.quote(str(mnt))}"
     probe = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind],
-        capture_output=True, text=True, timeout=10,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     if probe.returncode != 0:
         pytest.skip(f"mount --bind does not work here: {probe.stderr.strip()}")
     bind = f"mount --bind {shlex.quote(str(nodes[0].parent))} {shlex.quote(str(mnt))}"
-    wrap = ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind + ' && exec "$@"',
-            "sh"]  # fmt: skip
+    wrap = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        bind + ' && exec "$@"',
+        "sh",
+    ]
     h = procs.holder("fd", mnt / "fakedev1", wrap=wrap)
     m = procs.holder("mmap", mnt / "fakedev0", wrap=wrap)
     assert os.readlink(f"/proc/{h['holder']}/fd/{open_fds_to(h['holder'], nodes[1])[0]}") == str(
@@ -439,8 +459,9 @@ def test_kill_never_stops_the_callers_ancestor(tmp_path: Path, procs: Procs) -> 
     cmd = shlex.join([*HOLD, "audit", "--json", "--device", "fake", "--kill", "--yes"])
     # The audit is not the shell's last command, so the shell cannot exec it.
     script = f"exec 3<{node}; {cmd} 3<&-; exit $?"
-    res = subprocess.run(["sh", "-c", script], stdin=subprocess.DEVNULL, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        ["sh", "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 3, (res.stdout, res.stderr)
     doc = json.loads(res.stdout)
     (row,) = doc["holders"]
@@ -506,10 +527,12 @@ def test_scan_limited_by_permission_counts_what_it_could_not_see(
     env = {"HOLD_STATE_DIR": str(user_state), "HOLD_CONFIG": str(tmp_path / "config.yaml")}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = as_user(unpriv_user, [py, "-m", "hold", "audit", "--device", "fake", *args],
-                       unpriv_runtime, env)  # fmt: skip
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        argv = as_user(
+            unpriv_user, [py, "-m", "hold", "audit", "--device", "fake", *args], unpriv_runtime, env
+        )
+        return subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+        )
 
     res = run("--json")
     assert res.returncode == 1, (res.stdout, res.stderr)
@@ -571,9 +594,16 @@ def test_bad_input_exits_2(tmp_path: Path, procs: Procs, args: list[str], says: 
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["--json"], ["--device", "fake", "--json"], ["--device=fake"], ["--grace=0", "--json"],
-     ["--kill", "--yes", "--grace", "2s"], ["--device", "a", "--device", "b", "--json", "--json"]],
-)  # fmt: skip
+    [
+        [],
+        ["--json"],
+        ["--device", "fake", "--json"],
+        ["--device=fake"],
+        ["--grace=0", "--json"],
+        ["--kill", "--yes", "--grace", "2s"],
+        ["--device", "a", "--device", "b", "--json", "--json"],
+    ],
+)
 def test_plain_options_read_as_click_reads_them(args: list[str]) -> None:
     """hold.entry reads these without click (start-up time); click would read them alike."""
     from hold.auditcmd import plain_args

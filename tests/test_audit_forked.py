@@ -76,7 +76,7 @@ def test_forked_scan_finds_descriptors_and_mappings(
     spread = holders.scan(tgts, forks=True)
     assert len(forks) == 7, forks  # 8 shares: this process and 7 workers
     assert {(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= found(spread)
-    one = holders.scan(tgts, threads=1)
+    one = holders.scan(tgts)
     assert found(spread) == found(one)
     assert spread.not_inspected == one.not_inspected
     for pid in forks:  # every worker was reaped
@@ -91,7 +91,7 @@ def test_batches_whose_worker_failed_are_read_here(
     by_fd = procs.holder("fd", nodes[0])["holder"]
     by_map = procs.holder("mmap", nodes[1])["holder"]
     tgts = targets_of(nodes)
-    want = found(holders.scan(tgts, threads=1))
+    want = found(holders.scan(tgts))
     stolen = tmp_path / "stolen"
     if failure == "fork":
 
@@ -151,7 +151,7 @@ from hold.devices import DeviceClass
 holders.PER_FORK = 1
 os.sched_getaffinity = lambda _pid: set(range(8))
 tgts = holders.targets({"fake": DeviceClass("fake", tuple(sys.argv[1:]))})
-spread, one = holders.scan(tgts, forks=True), holders.scan(tgts, threads=1)
+spread, one = holders.scan(tgts, forks=True), holders.scan(tgts)
 print(json.dumps({name: {"holders": sorted(h.pid for h in s.holders),
                          "not_inspected": s.not_inspected}
                   for name, s in (("spread", spread), ("one", one))}))

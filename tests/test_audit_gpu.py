@@ -28,8 +28,9 @@ HOG_MIB = 1024
 
 def _torch_python() -> str:
     for cand in (sys.executable, "/opt/torch/.venv/bin/python3", "python3"):
-        ok = subprocess.run([cand, "-c", "import torch; assert torch.cuda.is_available()"],
-                            capture_output=True)  # fmt: skip
+        ok = subprocess.run(
+            [cand, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True
+        )
         if ok.returncode == 0:
             return cand
     pytest.skip("no Python with a CUDA-enabled torch here")
@@ -53,8 +54,9 @@ def _nvml_used() -> dict[int, dict[int, int]]:
 
 
 def _audit() -> tuple[int, dict[str, object]]:
-    res = subprocess.run([*HOLD, "audit", "--device", "gpu", "--json"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [*HOLD, "audit", "--device", "gpu", "--json"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode in (0, 1), res.stderr
     return res.returncode, json.loads(res.stdout)
 
@@ -103,8 +105,21 @@ def test_stray_cuda_process_matches_nvml(capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.timeout(300)
 def test_gpu_hold_covers_and_outside_is_stray(tmp_path: Path) -> None:
     py = _torch_python()
-    hold_run = [*HOLD, "run", "--device", "gpu", "-l", "gpu-test", "--grace", "5s",
-                "--pass-env", "LD_LIBRARY_PATH", "--pass-env", "CUDA_HOME", "--"]  # fmt: skip
+    hold_run = [
+        *HOLD,
+        "run",
+        "--device",
+        "gpu",
+        "-l",
+        "gpu-test",
+        "--grace",
+        "5s",
+        "--pass-env",
+        "LD_LIBRARY_PATH",
+        "--pass-env",
+        "CUDA_HOME",
+        "--",
+    ]
     inside, inside_pid = _start([*hold_run, py, str(PROGS / "cuda_hog.py"), str(HOG_MIB)])
     outside, outside_pid = _start([py, str(PROGS / "cuda_hog.py"), "256"])
     try:
@@ -137,9 +152,13 @@ def test_nvml_module_matches_nvidia_ml_py() -> None:
         for i in range(pynvml.nvmlDeviceGetCount()):
             dev = pynvml.nvmlDeviceGetHandleByIndex(i)
             uuid, bus = pynvml.nvmlDeviceGetUUID(dev), pynvml.nvmlDeviceGetPciInfo(dev).busId
-            want.append(nvml.NvGpu(int(pynvml.nvmlDeviceGetMinorNumber(dev)),
-                                   uuid.decode() if isinstance(uuid, bytes) else uuid,
-                                   bus.decode() if isinstance(bus, bytes) else bus))  # fmt: skip
+            want.append(
+                nvml.NvGpu(
+                    int(pynvml.nvmlDeviceGetMinorNumber(dev)),
+                    uuid.decode() if isinstance(uuid, bytes) else uuid,
+                    bus.decode() if isinstance(bus, bytes) else bus,
+                )
+            )
     finally:
         pynvml.nvmlShutdown()
     assert nvml.gpus() == want

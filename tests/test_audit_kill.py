@@ -103,8 +103,11 @@ def test_kill_reports_a_stray_ended_with_another_strays_tree(
 
     res = subprocess.run(
         [*HOLD, "audit", "--json", "--device", "fake", "--kill", "--yes", "--grace", grace],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1, (res.stdout, res.stderr)  # strays found, all stopped
     doc = json.loads(res.stdout)
     assert sorted(r["pid"] for r in doc["holders"] if not r["covered"]) == [
@@ -128,8 +131,11 @@ def test_kill_reports_a_stray_ended_with_another_strays_tree(
         return
     res = subprocess.run(
         [*HOLD, "audit", "--device", "fake", "--kill", "--yes", "--grace", grace],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert f"pid {pair2.parent}: stopped {outcome}" in res.stdout, res.stdout
     assert f"pid {pair2.child}: stopped {done} with the tree of stray pid {pair2.parent}" in (

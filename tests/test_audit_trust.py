@@ -29,13 +29,28 @@ def test_a_forged_token_does_not_cover_a_stray(tmp_path: Path) -> None:
     try:
         wait_for(lambda: out.exists() and "holder" in out.read_text(), 10, what="the stray")
         start = int(Path(f"/proc/{stray.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        forged = {"lease": "f0f0f0f0", "cls": "fake", "devices": [0], "label": "forged",
-                  "holder_pid": stray.pid, "holder_start": start, "uid": 0, "user": "root",
-                  "granted": 0.0, "expires": 4e9, "command_pid": stray.pid, "leaves": [],
-                  "trees": []}  # fmt: skip
+        forged = {
+            "lease": "f0f0f0f0",
+            "cls": "fake",
+            "devices": [0],
+            "label": "forged",
+            "holder_pid": stray.pid,
+            "holder_start": start,
+            "uid": 0,
+            "user": "root",
+            "granted": 0.0,
+            "expires": 4e9,
+            "command_pid": stray.pid,
+            "leaves": [],
+            "trees": [],
+        }
         (state / "fake-0.token").write_bytes(render("fake", forged))
-        res = subprocess.run([*HOLD, "audit", "--json", "--device", "fake"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        res = subprocess.run(
+            [*HOLD, "audit", "--json", "--device", "fake"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 1, res.stdout + res.stderr  # a stray was found
         rows = [r for r in json.loads(res.stdout)["holders"] if r["pid"] == stray.pid]
         assert rows and all(not r["covered"] for r in rows), rows
