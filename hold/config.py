@@ -23,7 +23,8 @@ BUSY_MODES = ("wait", "warn")
 class Config(NamedTuple):
     path: str | None = None
     cgroups: str = "auto"  # auto: use a cgroup leaf where one can be made
-    home_tokens: bool = False
+    # compat: {home_tokens: false} turns off ~/NPU-TOKEN, ~/GPU-TOKEN (hold.records).
+    home_tokens: bool = True
     # state: {shared: true}: one daemon for several users (run as root): the
     # state directory is made 0755 and the socket 0666; who may do what is
     # still decided from each client's SO_PEERCRED.
@@ -115,7 +116,7 @@ def parse_file(path: str) -> Config:
         if key == "cgroups":
             values["cgroups"] = _choice(vnode, path, "cgroups", CGROUP_MODES)
         elif key == "compat":
-            values["home_tokens"] = _flag(vnode, path, "compat", "home_tokens")
+            values["home_tokens"] = _flag(vnode, path, "compat", "home_tokens", default=True)
         elif key == "state":
             values["shared_state"] = _flag(vnode, path, "state", "shared")
         elif key == "busy_devices":
@@ -153,9 +154,9 @@ def _choice(node: Any, path: str, what: str, accepted: tuple[str, ...]) -> str:
     return text
 
 
-def _flag(node: Any, path: str, section: str, name: str) -> bool:
-    """``section: {name: true|false}``, the one key such a section has."""
-    value = False
+def _flag(node: Any, path: str, section: str, name: str, *, default: bool = False) -> bool:
+    """``section: {name: true|false}``, the one key such a section has (``default`` if absent)."""
+    value = default
     for key, (knode, vnode) in _mapping(node, path, section).items():
         where = f"{path}:{knode.start_mark.line + 1}"
         if key != name:

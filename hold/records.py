@@ -16,7 +16,8 @@ from typing import Any, ClassVar, NamedTuple, TextIO, cast
 
 from hold.ledger import SessionRec
 from hold.statedir import StateDir
-from hold.tokens import UnsafePath, remove_owned, render, write_atomic
+from hold.tokens import UnsafePath, read_token, remove_owned, render, write_atomic
+from supervisor.safefile import remove_in_dir, write_in_dir
 
 ENDED_KEPT = 200  # ended leases remembered for the audit
 
@@ -260,7 +261,7 @@ class Records:
         for i in s.lease.devices:
             write_atomic(self.sd.token(s.lease.cls, i), data, 0o644)
         if self.home_tokens:
-            self._home_token(s, data.split(b"\n", 1)[0] + b"\n")
+            self._home_token(s)
 
     def remove_tokens(self, s: SessionRec) -> None:
         assert s.lease is not None
@@ -270,24 +271,77 @@ class Records:
             except UnsafePath as e:
                 self.log_for("token_not_removed", s, error=str(e))
         if self.home_tokens:
-            self._home_token(s, None)
+            self._home_token(s)
 
-    def _home_token(self, s: SessionRec, line: bytes | None) -> None:
-        """Mirror the token line to ~/NPU-TOKEN (as scripts of old expect), as that user."""
+    def _home_token(self, s: SessionRec) -> None:
+        """``~/NPU-TOKEN`` (``~/GPU-TOKEN``; ``~/CLASS-TOKEN``) of the lease's user, as
+        the live leases of that user and class are now (from the token files, so a
+        restarted daemon's recovered leases count): one first line per lease, the
+        newest first; removed when none is left.
+
+        Newest first: a guard reads the first line when its command starts, just
+        after its grant, when its lease is its user's newest. Written in the
+        holder's own home, as that user's file (:func:`write_in_dir`).
+        """
         assert s.lease is not None
-        if os.geteuid() not in (0, s.uid):
+        where = home_of(s.uid)
+        if where is None:
             return
+        home, gid = where
+        name = f"{s.lease.cls.upper()}-TOKEN"
+        lines = self._user_lines(s.lease.cls, s.uid)
         try:
-            home = pwd.getpwuid(s.uid).pw_dir
-        except KeyError:
-            return
-        path = os.path.join(home, f"{s.lease.cls.upper()}-TOKEN")
-        try:
-            if line is None:
-                remove_owned(path, home)
+            if lines:
+                write_in_dir(home, name, b"".join(lines), uid=s.uid, gid=gid)
             else:
-                write_atomic(path, line, 0o644)
-                if os.geteuid() == 0:
-                    os.chown(path, s.uid, -1, follow_symlinks=False)
+                remove_in_dir(home, name, uid=s.uid)
         except (UnsafePath, OSError) as e:
-            self.log_for("home_token_failed", s, error=str(e))
+            self.log_for("home_token_failed", s, path=os.path.join(home, name), error=str(e))
+
+    def _user_lines(self, cls: str, uid: int) -> list[bytes]:
+        """The first lines of ``uid``'s live leases of ``cls`` (a lease's files, one per
+        device, counted once), the newest lease first."""
+        found: dict[str, tuple[float, bytes]] = {}
+        prefix = f"{cls}-"
+        with os.scandir(self.sd.path) as entries:
+            for e in entries:
+                if not (e.name.startswith(prefix) and e.name.endswith(".token")):
+                    continue
+                if not e.name[len(prefix) : -len(".token")].isdigit():
+                    continue
+                got = read_token(e.path)
+                if got is None:
+                    continue
+                line, rec = got
+                lease, granted = rec.get("lease"), rec.get("granted")
+                if (
+                    rec.get("uid") == uid
+                    and rec.get("cls") == cls
+                    and isinstance(lease, str)
+                    and isinstance(granted, (int, float))
+                ):
+                    found[lease] = (float(granted), line + b"\n")
+        ordered = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        return [line for _, (_, line) in ordered]
+
+
+def home_of(uid: int) -> tuple[str, int] | None:
+    """Where ``uid``'s home tokens go, and the group they get; None where this
+    process may not write for ``uid`` (neither root nor that user).
+
+    For its own user (a per-user daemon, started from that user's session) the
+    daemon's ``$HOME``, which is what ``~`` is in the commands it guards; for
+    another (the system daemon, root) that user's home in the password database.
+    """
+    me = os.geteuid()
+    if me not in (0, uid):
+        return None
+    if uid == me:
+        env_home = os.environ.get("HOME", "")
+        if os.path.isabs(env_home):
+            return env_home, os.getegid()
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return None
+    return (pw.pw_dir, pw.pw_gid) if os.path.isabs(pw.pw_dir) else None

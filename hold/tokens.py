@@ -8,6 +8,9 @@ form that existing scripts read (``head -1``)::
 (``gpu-hold ...`` for GPUs) where PID is the holder, an ancestor of the
 command. The second line is the full record as JSON: lease id, holder start
 time, uid, devices, granted, expires, the command's pid and its cgroup leaf.
+
+``~/NPU-TOKEN`` (:meth:`hold.records.Records.write_tokens`) holds only first
+lines: one per live lease of its user and class, the newest first.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ __all__ = [
     "UnsafePath",
     "line_label",
     "read_record",
+    "read_token",
     "remove_owned",
     "render",
     "token_line",
@@ -82,6 +86,13 @@ def render(cls: str, record: dict[str, Any]) -> bytes:
 
 def read_record(path: str) -> dict[str, Any] | None:
     """The JSON record of a token file, or None if absent or unreadable as one."""
+    got = read_token(path)
+    return None if got is None else got[1]
+
+
+def read_token(path: str) -> tuple[bytes, dict[str, Any]] | None:
+    """A token file's first line (without its newline) and JSON record, or None
+    if absent or unreadable as one."""
     try:
         fd = open_for_read(path, owned=False)  # no link, no FIFO to hang on
     except (OSError, UnsafePath):
@@ -94,4 +105,4 @@ def read_record(path: str) -> dict[str, Any] | None:
         rec = json.loads(lines[1])
     except ValueError:
         return None
-    return rec if isinstance(rec, dict) else None
+    return (lines[0], rec) if isinstance(rec, dict) else None

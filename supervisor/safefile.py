@@ -39,7 +39,9 @@ __all__ = [
     "open_for_read",
     "open_for_update",
     "open_for_write",
+    "remove_in_dir",
     "write_atomic",
+    "write_in_dir",
 ]
 
 
@@ -223,3 +225,95 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         except OSError:
             pass
         raise
+
+
+def _open_dir(path: str, uid: int, verb: str) -> int:
+    """A descriptor of the directory ``path``, which must be owned by ``uid``.
+
+    Everything after is done relative to that descriptor, so the name cannot
+    be switched to another directory meanwhile; and since the directory is
+    ``uid``'s own, nothing written in it gives that user more than they have.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except NotADirectoryError:
+        raise UnsafePath(f"{path} is not a directory; refusing to {verb} in it", path) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != uid:
+            raise UnsafePath(
+                f"{path} is owned by uid {st.st_uid}, not by uid {uid}; refusing to {verb} in it",
+                path,
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _regular_or_absent(dfd: int, path: str, name: str, verb: str) -> bool:
+    """True if ``name`` (in ``dfd``) is a regular file, False if absent; else refused."""
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    kind = stat.S_IFMT(st.st_mode)
+    if kind != stat.S_IFREG:
+        raise _refuse(os.path.join(path, name), _WHAT.get(kind, "not a regular file"), verb)
+    return True
+
+
+def write_in_dir(
+    path: str, name: str, data: bytes, *, uid: int, gid: int, mode: int = 0o644
+) -> None:
+    """Write ``path/name`` whole, as :func:`write_atomic`, in a directory of ``uid``
+    (a user's home, written by the system daemon): the file is that user's.
+
+    The directory is opened once and checked to be ``uid``'s; the temp file is
+    made in it with ``O_EXCL|O_NOFOLLOW``, given to ``uid:gid`` through its
+    descriptor (never by name: a name can be switched for a link to another
+    file), written, then renamed over ``name``. A symlink or anything but a
+    regular file at ``name`` is refused and left as it is.
+    """
+    dfd = _open_dir(path, uid, "write")
+    try:
+        _regular_or_absent(dfd, path, name, "write")
+        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, mode, dir_fd=dfd)
+        except FileExistsError:
+            raise UnsafePath(
+                f"{os.path.join(path, tmp)} exists; refusing to write through it", path
+            ) from None
+        try:
+            if (uid, gid) != (os.geteuid(), os.getegid()):
+                os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)  # the umask's part back: what the caller asked for
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.close(fd)
+            fd = -1
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
+
+
+def remove_in_dir(path: str, name: str, *, uid: int) -> None:
+    """Delete ``path/name`` if it is a regular file, in a directory of ``uid``;
+    absent is done; anything else (a symlink, a directory) is refused and kept."""
+    dfd = _open_dir(path, uid, "delete")
+    try:
+        if _regular_or_absent(dfd, path, name, "delete"):
+            os.unlink(name, dir_fd=dfd)
+    finally:
+        os.close(dfd)

@@ -70,6 +70,12 @@ def isolated_hold(
     locks.mkdir(mode=0o1777)
     locks.chmod(0o1777)
     monkeypatch.setenv("HOLD_LOCK_DIR", str(locks))
+    # A home of its own too: a daemon writes ~/NPU-TOKEN for its own user
+    # in its $HOME (hold.records.home_of), and a test's leases must not meet
+    # another test's there, nor leave lines in root's real home.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
     yield tmp_path
     stop_daemon(state)
 
