@@ -105,6 +105,8 @@ class Adoption:
         if self.client is not None:
             return None
         try:
+            if self.setup.silent is not None:  # it did not answer the probe: not asked twice
+                raise self.setup.silent
             self.client = Client.with_session(self.setup.sd, config=self.setup.digest)
         except ConfigMismatch as e:
             self.say(str(e))

@@ -24,14 +24,14 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     try:
         with filelock.FileLock(sd.start_lock, timeout=timeout):
-            probe = _try_connect(sd.socket)
+            probe = _try_connect(sd.socket, sd)
             if probe is not None:
                 probe.close()
                 return
             _check_state_files(sd)
             started = _spawn_daemon(sd, timeout)
             while time.monotonic() < deadline:
-                probe = _try_connect(sd.socket)
+                probe = _try_connect(sd.socket, sd)
                 if probe is not None:
                     probe.close()
                     return

@@ -24,6 +24,11 @@ from hold.runargs import help_text
 from supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
 from supervisor.parse import BadValue
 
+# `hold release` waits for the lease's tree to be stopped (its grace: at most
+# an hour) but not on a daemon that stops answering: hold.client.ANSWER_TIMEOUT
+# of silence and it is asked whether it still reads (Client.recv_alive).
+RELEASE_TIMEOUT = 3600.0 + 60.0
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
@@ -227,9 +232,23 @@ def check_cmd(cls: str, as_json: bool) -> None:
 @click.argument("lease_id")
 def release_cmd(lease_id: str) -> None:
     """End a lease (yours, or any as root): its tree is stopped, with the survivor check."""
+    from hold.client import DaemonSilent
+
     client = _client()
-    client.send({"op": "release", "lease": lease_id})
-    ans = client.recv(time.monotonic() + 3600)
+    try:
+        client.send({"op": "release", "lease": lease_id})
+        # The answer comes once the lease's tree is stopped (its grace, at
+        # most an hour); meanwhile the daemon must go on answering (ping).
+        client.ping()
+        ans = client.recv_alive(time.monotonic() + RELEASE_TIMEOUT)
+    except DaemonSilent as e:
+        _fail(f"{e}; lease {lease_id} may not be released", TOOL)
+    except TimeoutError:
+        _fail(
+            f"the ticket daemon did not say lease {lease_id} was released within "
+            f"{RELEASE_TIMEOUT:g} s",
+            TOOL,
+        )
     if ans is None or ans.get("ev") == "error":
         _fail(
             str(ans.get("error") if ans else "the daemon closed the connection"),

@@ -1,5 +1,18 @@
 """Talking to the daemon: connect (starting it if none answers, see
-:mod:`hold.autostart`), ask, re-attach."""
+:mod:`hold.autostart`), ask, re-attach.
+
+Deadlines (docs/DESIGN.md, "Deadlines"): no call here waits on the daemon
+without one. The connect and every send are bounded by the socket's
+``SO_SNDTIMEO`` (a stopped daemon whose backlog is full makes ``connect``
+wait; one that reads nothing fills its receive buffer), every read by a
+``select`` deadline. A request the daemon answers from its event loop gets
+:data:`ANSWER_TIMEOUT`; a wait that may last (the wait in line, ``release``,
+``end``: the daemon answers once a tree is stopped) checks every
+:data:`ANSWER_TIMEOUT` of silence that the daemon still reads (:meth:`Client.ping`).
+A daemon that does not answer in time is :class:`DaemonSilent` (exit 125:
+the tool failed; never a traceback, and its message names the daemon, its
+state directory and how long it was given).
+"""
 
 from __future__ import annotations
 
@@ -12,16 +25,52 @@ from typing import TypeVar
 from hold.errors import HoldError
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
 from hold.statedir import StateDir
-from hold.unixsock import MSG_DONTWAIT, Socket, recv_fds, send_fds, unix_stream
+from hold.unixsock import (
+    MSG_DONTWAIT,
+    Socket,
+    peer_pid,
+    recv_fds,
+    send_fds,
+    send_timeout,
+    unix_stream,
+)
 from supervisor.exitcodes import USAGE
 from supervisor.safefile import UnsafePath
 
 START_TIMEOUT = 10.0
+# How long the daemon has to answer a request it answers from its event loop
+# (open, tree, status, check, leases, report...): milliseconds when it is
+# well; also the bound of a connect and of a send, and how long a wait that
+# may last goes without a word before the daemon is asked whether it still
+# reads (Client.ping).
+ANSWER_TIMEOUT = 3.0
 T = TypeVar("T")
 
 
 class DaemonUnreachable(HoldError):
     """No daemon answered, and none could be started (exit 125)."""
+
+
+class DaemonSilent(DaemonUnreachable, TimeoutError):
+    """The daemon is there (its socket accepts) but did not answer in time:
+    stopped, or stalled on a disk or a lock (exit 125: the tool failed).
+
+    Also a :class:`TimeoutError`, as a read past its deadline was before.
+    Not retried (a daemon that does not answer is not one that is leaving):
+    the caller says so and stops waiting.
+    """
+
+    @classmethod
+    def of(
+        cls, sd: StateDir, sock: Socket | None, timeout: float, what: str = "answer"
+    ) -> DaemonSilent:
+        """The message: which daemon, where, did not do what, in how long (and
+        why, where its process state says: stopped, or waiting on a disk)."""
+        pid = _daemon_pid(sd, sock)
+        return cls(
+            f"the ticket daemon (pid {pid}, {sd.path}) did not {what} within {timeout:g} s"
+            f"{_state_hint(pid)}"
+        )
 
 
 class ConfigMismatch(HoldError):
@@ -57,12 +106,23 @@ class Client:
         # hold.devlock): kept until the lease is over, handed back to a
         # restarted daemon when we re-attach.
         self.lock_fds: list[int] = []
+        # Set where end() gave up on a daemon that did not answer (it ends
+        # the lease itself once it reads again: our connection is closed).
+        self.silent: DaemonSilent | None = None
 
     @classmethod
     def connect(
-        cls, sd: StateDir, *, autostart: bool = True, timeout: float = START_TIMEOUT
+        cls,
+        sd: StateDir,
+        *,
+        autostart: bool = True,
+        timeout: float = START_TIMEOUT,
+        answer: float = ANSWER_TIMEOUT,
     ) -> Client:
-        sock = _try_connect(sd.socket)
+        """Connected to the daemon serving ``sd`` (started if none answers and
+        ``autostart``, within ``timeout``); the connect and every send bounded
+        by ``answer`` (:class:`DaemonSilent` past it)."""
+        sock = _try_connect(sd.socket, sd, answer)
         if sock is None and autostart:
             if not os.access(sd.path, os.W_OK):
                 raise DaemonUnreachable(
@@ -73,7 +133,7 @@ class Client:
             from hold.autostart import start_daemon  # off the hot path: a daemon serves
 
             start_daemon(sd, timeout)
-            sock = _try_connect(sd.socket)
+            sock = _try_connect(sd.socket, sd, answer)
         if sock is None:
             raise DaemonUnreachable(f"no daemon answers on {sd.socket}")
         return cls(sd, sock)
@@ -82,9 +142,12 @@ class Client:
     def probe(cls, sd: StateDir) -> Client | None:
         """A session with a daemon that serves ``sd`` already; None if none
         answers (none is started: the caller decides, once it knows its
-        configuration is good)."""
+        configuration is good). :class:`DaemonSilent` if one is there but does
+        not answer: asking it again would only wait as long again."""
         try:
-            sock = _try_connect(sd.socket)
+            sock = _try_connect(sd.socket, sd)
+        except DaemonSilent:
+            raise
         except DaemonUnreachable:
             return None
         if sock is None:
@@ -92,7 +155,10 @@ class Client:
         client = cls(sd, sock)
         try:
             client.open_session()
-        except (DaemonUnreachable, OSError, ProtocolError, TimeoutError):
+        except DaemonSilent:
+            client.close()
+            raise
+        except (DaemonUnreachable, OSError, ProtocolError):
             client.close()
             return None
         return client
@@ -112,6 +178,9 @@ class Client:
         client = cls.connect(sd, timeout=timeout)
         try:
             client.open_session()
+        except DaemonSilent:
+            client.close()
+            raise
         except (DaemonUnreachable, OSError, ProtocolError):
             client.reopen(timeout)
         arbiter = client.info.get("arbiter") or {}
@@ -137,7 +206,11 @@ class Client:
         return self.sock.fileno()
 
     def send(self, *msgs: Message) -> None:
-        self.sock.sendall(b"".join(encode(m) for m in msgs))
+        """Send, bounded by the socket's send timeout (:class:`DaemonSilent` past it)."""
+        try:
+            self.sock.sendall(b"".join(encode(m) for m in msgs))
+        except BlockingIOError:  # SO_SNDTIMEO: the daemon reads nothing
+            raise DaemonSilent.of(self.sd, self.sock, ANSWER_TIMEOUT, "read") from None
 
     def recv(self, deadline: float | None = None) -> Message | None:
         """The next message; None at end of file. TimeoutError past ``deadline`` (monotonic)."""
@@ -180,8 +253,9 @@ class Client:
         out, self.pending, self.events = self.events + self.pending, [], []
         return out
 
-    def request(self, msg: Message, timeout: float = 10.0) -> Message:
-        """Send one message and return its answer.
+    def request(self, msg: Message, timeout: float = ANSWER_TIMEOUT) -> Message:
+        """Send one message and return its answer; :class:`DaemonSilent` if none
+        came within ``timeout``.
 
         What the daemon says of our lease meanwhile (expired, released: it
         may come before the answer) is not the answer: it is kept for
@@ -190,19 +264,66 @@ class Client:
         self.send(msg)
         deadline = time.monotonic() + timeout
         while True:
-            ans = self.recv(deadline)
+            try:
+                ans = self.recv(deadline)
+            except TimeoutError:
+                raise DaemonSilent.of(self.sd, self.sock, timeout) from None
             if ans is None:
                 raise DaemonUnreachable("the daemon closed the connection")
             if not _about_our_lease(ans):
                 return ans
             self.events.append(ans)
 
-    def request_renewing(self, msg: Message, timeout: float = 10.0) -> Message:
+    def ping(self, timeout: float = ANSWER_TIMEOUT) -> None:
+        """Does the daemon still read? Asked on this connection (``leases``: it
+        changes nothing, and the daemon answers it from its event loop, even
+        while it stops a tree or checks a device for us). Messages that came
+        meanwhile are kept for the next :meth:`recv`, in order.
+        :class:`DaemonSilent` if no answer within ``timeout``; None at once
+        if the daemon closed the connection (the next read says so).
+        """
+        try:
+            self.send({"op": "leases"})
+        except (BrokenPipeError, ConnectionResetError):
+            return  # gone: the next read says so
+        deadline = time.monotonic() + timeout
+        kept: list[Message] = []
+        try:
+            while True:
+                try:
+                    msg = self.recv(deadline)
+                except TimeoutError:
+                    raise DaemonSilent.of(self.sd, self.sock, timeout) from None
+                if msg is None or msg.get("ev") == "leases":
+                    return
+                kept.append(msg)
+        finally:
+            self.pending[:0] = kept
+
+    def recv_alive(self, deadline: float | None = None) -> Message | None:
+        """:meth:`recv` for an answer that may take long (a tree stopped first),
+        asking every :data:`ANSWER_TIMEOUT` of silence whether the daemon still
+        reads (:meth:`ping`): :class:`DaemonSilent` if it does not, TimeoutError
+        past ``deadline``."""
+        while True:
+            wake = time.monotonic() + ANSWER_TIMEOUT
+            try:
+                return self.recv(wake if deadline is None else min(wake, deadline))
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            if not self.pending:
+                self.ping()
+
+    def request_renewing(self, msg: Message, timeout: float = ANSWER_TIMEOUT) -> Message:
         """:meth:`request`, asked again of a restarted daemon if ours went away
-        meanwhile (our session re-attached where it was kept, else opened anew)."""
+        meanwhile (our session re-attached where it was kept, else opened anew).
+        Not of one that is there and does not answer: :class:`DaemonSilent`."""
         try:
             return self.request(msg, timeout)
-        except (DaemonUnreachable, OSError, ProtocolError, TimeoutError):
+        except DaemonSilent:
+            raise
+        except (DaemonUnreachable, OSError, ProtocolError):
             self.renew_session()
             return self.request(msg, timeout)
 
@@ -225,14 +346,20 @@ class Client:
     def end(self, timeout: float = 60.0) -> Message | None:
         """End our session and wait until the daemon says it is over: trees
         stopped, tokens removed, devices free for the next. None if the daemon
-        went away meanwhile (its successor ends the lease: we are gone by then)."""
+        went away meanwhile (its successor ends the lease: we are gone by then),
+        or if it stopped answering (:attr:`silent` says so; it ends the lease
+        itself once it reads again, our connection closed): never longer
+        than ``timeout``, nor :data:`ANSWER_TIMEOUT` without a word from it."""
         try:
             self.send({"op": "end"})
             deadline = time.monotonic() + timeout
             while True:
-                ans = self.recv(deadline)
+                ans = self.recv_alive(deadline)
                 if ans is None or ans.get("ev") in ("ended", "error"):
                     return ans
+        except DaemonSilent as e:
+            self.silent = e
+            return None
         except (OSError, TimeoutError, ProtocolError):
             return None
 
@@ -249,7 +376,10 @@ class Client:
                 send_fds(self.sock, msg, self.lock_fds)
             else:
                 self.sock.sendall(msg)
-            ans = self.recv(time.monotonic() + 10.0)
+            try:
+                ans = self.recv(time.monotonic() + ANSWER_TIMEOUT)
+            except TimeoutError:
+                raise DaemonSilent.of(self.sd, self.sock, ANSWER_TIMEOUT) from None
             if ans is None:
                 raise DaemonUnreachable("the daemon closed the connection")
             return ans
@@ -269,6 +399,8 @@ class Client:
         while True:
             try:
                 fresh = Client.connect(self.sd, timeout=max(0.5, deadline - time.monotonic()))
+            except DaemonSilent:
+                raise  # there, and not answering: not a daemon that is leaving
             except DaemonUnreachable:
                 if time.monotonic() > deadline:
                     raise
@@ -281,6 +413,8 @@ class Client:
             self.buf, self.pending = fresh.buf, []
             try:
                 return first()
+            except DaemonSilent:
+                raise
             except (DaemonUnreachable, OSError, ProtocolError):
                 # A SIGKILLed daemon's listener can outlive its connections by
                 # an instant (the kernel releases them in turn), so the connect
@@ -309,19 +443,67 @@ def _wait_gone(pid: int, timeout: float) -> None:
         os.close(fd)
 
 
-def _try_connect(path: str) -> Socket | None:
+def _try_connect(
+    path: str, sd: StateDir | None = None, timeout: float = ANSWER_TIMEOUT
+) -> Socket | None:
+    """Connected to ``path``, None if nothing listens there; the connect, and
+    every later send, bounded by ``timeout`` (:class:`DaemonSilent` naming
+    ``sd``'s daemon: its backlog full, it accepts nothing)."""
     sock = unix_stream()
+    send_timeout(sock, timeout)
     try:
         sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    except BlockingIOError:
+        sock.close()
+        if sd is None:
+            raise DaemonUnreachable(
+                f"nothing accepted a connection on {path} within {timeout:g} s"
+            ) from None
+        raise DaemonSilent.of(sd, None, timeout, "accept a connection") from None
     except PermissionError:
         sock.close()
         raise DaemonUnreachable(
             f"may not connect to {path} (permission denied): it is another user's daemon"
         ) from None
     return sock
+
+
+def _daemon_pid(sd: StateDir, sock: Socket | None) -> str:
+    """Who serves ``sd``, for a message: the peer of our connection (the kernel
+    says), else the pid in the daemon's lock file; ``?`` if neither says."""
+    pid = peer_pid(sock) if sock is not None else None
+    if pid is not None:
+        return str(pid)
+    try:  # never through a link, never waiting (a FIFO planted there)
+        fd = os.open(sd.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return "?"
+    try:
+        text = os.read(fd, 32).decode(errors="replace").strip()
+    except OSError:
+        return "?"
+    finally:
+        os.close(fd)
+    return text if text.isdigit() else "?"
+
+
+def _state_hint(pid: str) -> str:
+    """Why a daemon may not answer, where its process state says so."""
+    if not pid.isdigit():
+        return ""
+    from supervisor.procscan import stat_of  # only once it did not answer
+
+    st = stat_of(int(pid))
+    if st is None:
+        return ""
+    if st.state in ("T", "t"):
+        return " (its process is stopped: SIGSTOP or a debugger)"
+    if st.state == "D":
+        return " (its process waits in the kernel: a disk or a mount)"
+    return ""
 
 
 def _about_our_lease(msg: Message) -> bool:

@@ -8,6 +8,10 @@ who asks from the kernel (``SO_PEERCRED``) and answers by ancestry or by
 cgroup leaf (:func:`hold.daemon.judge`). The arbiter itself must be the
 machine's (root) or the caller's own: a daemon of another user could answer
 anything.
+
+Fails closed within :data:`TIMEOUT`: a daemon that does not accept the
+connection, or does not answer, in that time is a "no" (exit 1, as any
+other), with the daemon, its state directory and the time named.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from supervisor.cgroup import cgroup_dir, v2_mount, within
 from supervisor.identity import ProcessId
 from supervisor.parse import BadValue
 
-TIMEOUT = 10.0
+TIMEOUT = 2.0  # for the connect, the send and each answer (hold check fails closed after it)
 
 
 def check(sd: StateDir, cls: str) -> tuple[bool, str]:
@@ -43,11 +47,11 @@ def check_lease(
     (``leases``: the records it judged by) and found by the same rule
     (:func:`judge_lease`) for this same process; None if that does not agree.
     """
-    from hold.client import Client, DaemonUnreachable
+    from hold.client import Client, DaemonSilent, DaemonUnreachable
 
     no = f"no {cls} lease covers this process"
     try:
-        client = Client.connect(sd, autostart=False)
+        client = Client.connect(sd, autostart=False, answer=TIMEOUT)
     except DaemonUnreachable as e:
         return False, f"{no}: {e}", None
     lease = None
@@ -68,6 +72,8 @@ def check_lease(
         ans = client.request({"op": "check", "cls": cls}, TIMEOUT)
         if want_lease and ans.get("covered") is True:
             lease = _covering(client.request({"op": "leases"}, TIMEOUT), cls)
+    except DaemonSilent as e:
+        return False, f"{no}: {e}", None
     except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
         return False, f"{no}: no answer from the ticket daemon at {sd.socket}: {e}", None
     finally:

@@ -5,8 +5,17 @@ Shared by ``hold run``/``npu-hold`` (:mod:`hold.runcmd`) and ``hold up``
 (click, yaml, structlog) is imported here at module level.
 
 Exit statuses it returns: :data:`BUSY` (75: taken, or not granted within the
-wait timeout), :data:`TOOL` (125: the daemon is gone), or the daemon's own
-refusal code. A holder whose lease ``hold release`` ended exits
+wait timeout), :data:`TOOL` (125: the daemon is gone, or is there and does
+not answer), or the daemon's own refusal code.
+
+Deadlines: the wait in line lasts as long as the caller asked
+(``--wait-timeout``; without one, until granted), but never on a daemon that
+has stopped reading: after :data:`~hold.client.ANSWER_TIMEOUT` without a word
+from it, it is asked whether it still reads (:meth:`hold.client.Client.ping`,
+answered from its event loop even while it checks a device), and one that
+does not answer within as long ends the wait with 125 and a message naming
+it. The caller's own deadline passing first (the daemon answered, the device
+is taken) stays 75. A holder whose lease ``hold release`` ended exits
 :data:`~supervisor.exitcodes.RELEASED` (6), whatever its command made of the polite signal.
 """
 
@@ -131,6 +140,7 @@ class _Line:
         self.wait_timeout = wait_timeout
         self.start = 0.0
         self.deadline: float | None = None
+        self.heard = 0.0  # when the daemon last said something (monotonic)
         self.shown: object = None  # the last waiting message said
         self.latest: Message | None = None  # the last "queued" message heard
 
@@ -161,7 +171,7 @@ class _Line:
                 return TOOL
         if self.meanwhile is not None:
             self.meanwhile()
-        self.start = time.monotonic()
+        self.start = self.heard = time.monotonic()
         self.deadline = None if self.wait_timeout is None else self.start + self.wait_timeout
         while True:
             try:
@@ -171,6 +181,7 @@ class _Line:
                 if code is not None:
                     return code
                 continue
+            self.heard = time.monotonic()
             if msg is None:
                 # The daemon died before granting anything (it keeps no waiting
                 # requests): start one and ask again, at the end of the line.
@@ -186,21 +197,23 @@ class _Line:
             if code is not None:
                 return code
 
-    def _wake(self) -> float | None:
+    def _wake(self) -> float:
         """When to stop reading: at the 1 s mark to say who holds the device, and
-        then each second for the live line; otherwise only when the daemon tells
-        us something changed (or at the deadline)."""
+        then each second for the live line; at the deadline; and after
+        :data:`~hold.client.ANSWER_TIMEOUT` without a word, to ask whether the
+        daemon still reads."""
+        from hold.client import ANSWER_TIMEOUT
         from hold.waitline import REFRESH
 
-        mark: float | None = None
+        marks = [self.heard + ANSWER_TIMEOUT]
         if self.live is not None:
             waited = time.monotonic() - self.start
-            mark = self.start + max(1.0, (int(waited / REFRESH) + 1) * REFRESH)
+            marks.append(self.start + max(1.0, (int(waited / REFRESH) + 1) * REFRESH))
         elif self.shown is None and self.latest is not None:
-            mark = self.start + 1.0
-        if mark is None or self.deadline is None:
-            return mark if mark is not None else self.deadline
-        return min(mark, self.deadline)
+            marks.append(self.start + 1.0)
+        if self.deadline is not None:
+            marks.append(self.deadline)
+        return min(marks)
 
     def _ask_a_new_daemon(self) -> bool:
         """A new session (a daemon started if need be) and the request again."""
@@ -215,10 +228,29 @@ class _Line:
         return True
 
     def _on_timeout(self) -> int | None:
-        """Nothing heard by the wake time: give up at the deadline, else say who holds it."""
-        if self.deadline is not None and time.monotonic() >= self.deadline:
+        """Nothing heard by the wake time: give up at the deadline; ask a daemon
+        silent for too long whether it still reads (125 if not); else say who
+        holds the device."""
+        from hold.client import ANSWER_TIMEOUT, DaemonSilent
+
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
             self.say(f"{self.cls} not granted within {self.wait_timeout:g}s; giving up")
             return BUSY
+        if now >= self.heard + ANSWER_TIMEOUT:
+            left = None if self.deadline is None else self.deadline - now
+            try:
+                # Within our own deadline: past it, the wait is over (75) whatever the daemon.
+                self.client.ping(ANSWER_TIMEOUT if left is None else min(ANSWER_TIMEOUT, left))
+            except DaemonSilent as e:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    self.say(f"{self.cls} not granted within {self.wait_timeout:g}s; giving up")
+                    return BUSY
+                self.say(f"{e}; giving up the wait in line")
+                return TOOL
+            except OSError:
+                pass  # the daemon went away: the next read says so
+            self.heard = time.monotonic()
         if self.live is not None or self.latest is not None:
             self._show(self.latest)
         return None

@@ -4,6 +4,12 @@ Asked of the daemon that serves the state directory (every user gets the
 totals, even of a system daemon whose history only root can read); where no
 daemon serves, read from the history file by its owner (a per-user daemon
 that left when idle). Never starts a daemon.
+
+A daemon that does not answer within :data:`hold.client.ANSWER_TIMEOUT`
+(stopped, stalled) is not waited for: the history file is read here, as
+with no daemon, and stderr says so (leases still live are not in the file);
+where that file is not ours to read, exit 125 naming the daemon that did
+not answer.
 """
 
 from __future__ import annotations
@@ -55,15 +61,19 @@ def parse_since(text: str | None, now: float) -> float:
 
 def fetch(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
     """The report: the daemon's answer, or the history file read here (no daemon)."""
-    from hold.client import Client, DaemonUnreachable
+    from hold.client import Client, DaemonSilent, DaemonUnreachable
     from hold.errors import HoldError
 
     try:
         client = Client.connect(sd, autostart=False)
+    except DaemonSilent as e:
+        return _from_file(sd, since, show_labels, e)
     except DaemonUnreachable:
         return _from_file(sd, since, show_labels)
     try:
-        ans = client.request({"op": "report", "since": since}, timeout=60.0)
+        ans = client.request({"op": "report", "since": since})
+    except DaemonSilent as e:
+        return _from_file(sd, since, show_labels, e)
     finally:
         client.close()
     if ans.get("ev") != "report":
@@ -72,7 +82,10 @@ def fetch(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
     return ans
 
 
-def _from_file(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
+def _from_file(
+    sd: StateDir, since: float, show_labels: bool, silent: Exception | None = None
+) -> dict[str, Any]:
+    """The report read here; ``silent``: why the daemon was not asked (it did not answer)."""
     from hold import history
     from hold.errors import HoldError
     from hold.reportdoc import build
@@ -80,9 +93,17 @@ def _from_file(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
     try:
         entries = history.read(sd.path, since)
     except PermissionError:
+        if silent is not None:
+            raise HoldError(f"{silent}, and its history is not yours to read") from None
         raise HoldError(
             f"no daemon serves {sd.path}, and its history is not yours to read"
         ) from None
+    if silent is not None:
+        print(
+            f"hold: {silent}; the report is read from its history file here "
+            "(leases still live are not in it)",
+            file=sys.stderr,
+        )
     return build(entries, os.geteuid(), show_labels=show_labels, since=since)
 
 

@@ -7,6 +7,19 @@ marker and cgroup leaf, before the spawn) so the daemon can stop it if we
 die; run it in the foreground; stop everything it started. Without a device,
 an unreachable daemon only costs the guardian (a warning); with one, it is
 fatal (125), since nothing could be granted.
+
+A daemon that is there but does not answer (stopped, stalled on a disk or a
+lock) is waited for :data:`hold.client.ANSWER_TIMEOUT` (3 s) per request,
+once: the probe that finds it silent is not followed by another ask. The
+rule for the exit status: a daemon that does not answer is 125 (the tool
+failed: ``the ticket daemon (pid N, DIR) did not answer within 3 s``), with
+or without ``--wait-timeout`` and ``--no-wait``; only the caller's own wait
+deadline running out while it waits in line (the daemon answered, the device
+is taken) is 75. ``hold run`` without a device goes on without a guardian,
+and says so on stderr: it takes nothing from anyone, the daemon would only
+have stopped its tree had this process died, and refusing would let one
+stalled daemon stop every ``hold run`` on the machine; the command is still
+stopped, with the survivor check, while this process lives.
 """
 
 from __future__ import annotations
@@ -73,6 +86,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
         with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             run = Run(args, prog, setup.cgroups, setup.sd, setup.spec, setup.digest)
             run.client = setup.client
+            run.silent = setup.silent
             return run.execute()
     except Interrupted as e:
         print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running", file=sys.stderr)
@@ -80,6 +94,10 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
 
 
 Spec = tuple[str, tuple[int, ...] | None]  # a device class, and which of its devices
+# What the daemon is given beyond the grace to end a lease (its stop of the
+# tree, the scan for leftovers); a daemon that says nothing for 3 s of it is
+# asked whether it still reads (hold.client.Client.end).
+END_MARGIN = 30.0
 
 
 class Setup(NamedTuple):
@@ -90,6 +108,8 @@ class Setup(NamedTuple):
     spec: Spec | None
     digest: str | None  # our configuration's fingerprint, for a run with a device
     client: Client | None  # a session already open with our daemon, if one served
+    # Our daemon is there but did not answer (hold.client.DaemonSilent): not asked again.
+    silent: Exception | None = None
 
 
 def _setup(args: RunArgs) -> Setup:
@@ -105,7 +125,7 @@ def _setup(args: RunArgs) -> Setup:
 
     path = config_path()
     digest = fingerprint(path)
-    client = _probe() if path is not None or args.device is not None else None
+    client, silent = _probe() if path is not None or args.device is not None else (None, None)
     info = client.info if client is not None else {}
     arbiter = info.get("arbiter") or {}
     defs, sizes = info.get("class_defs"), info.get("classes")
@@ -119,7 +139,7 @@ def _setup(args: RunArgs) -> Setup:
         from hold.devices import classes_from_defs
 
         spec = _spec(args, classes_from_defs(defs), sizes)
-        return Setup(str(arbiter["cgroups"]), client.sd, spec, digest, client)
+        return Setup(str(arbiter["cgroups"]), client.sd, spec, digest, client, None)
     cfg = parse_file(path) if path is not None else Config()
     try:
         from hold.devices import classes_from_config
@@ -136,19 +156,23 @@ def _setup(args: RunArgs) -> Setup:
         # replaces that daemon if it may.
         client.close()
         client = None
-    return Setup(cfg.cgroups, sd, spec, digest if spec is not None else None, client)
+    return Setup(cfg.cgroups, sd, spec, digest if spec is not None else None, client, silent)
 
 
-def _probe() -> Client | None:
-    """A session with a daemon already serving our state directory, or None."""
-    from hold.client import Client
+def _probe() -> tuple[Client | None, Exception | None]:
+    """A session with a daemon already serving our state directory, or None;
+    and why not, where one is there but did not answer (``DaemonSilent``)."""
+    from hold.client import Client, DaemonSilent
     from hold.statedir import open_state_dir
 
     try:
         sd = open_state_dir(create=False)
     except (BadValue, OSError):
-        return None  # said again, with the reason, where the directory is made
-    return Client.probe(sd)
+        return None, None  # said again, with the reason, where the directory is made
+    try:
+        return Client.probe(sd), None
+    except DaemonSilent as e:
+        return None, e
 
 
 def _spec(
@@ -191,6 +215,7 @@ class Run:
         self.sd = sd
         self.spec = spec
         self.client: Client | None = None
+        self.silent: Exception | None = None  # our daemon did not answer (Setup.silent)
         self.lease: str | None = None
         self.expires = 0.0
 
@@ -285,16 +310,26 @@ class Run:
 
     def _connect(self) -> int | None:
         """A session with the daemon (``self.client``; None without one); else an exit status."""
-        from hold.client import Client, ConfigMismatch, DaemonUnreachable
+        from hold.client import Client, ConfigMismatch, DaemonSilent, DaemonUnreachable
 
         if self.client is not None:  # opened by _setup: it reads our configuration
             return None
-
         try:
+            if self.silent is not None:  # it did not answer _setup's probe: not asked twice
+                raise self.silent
             self.client = Client.with_session(self.sd, config=self.config_digest)
         except ConfigMismatch as e:
             self.say(str(e))
             return exitcodes.USAGE
+        except DaemonSilent as e:
+            if self.spec is not None:
+                self.say(f"{e}; nothing was granted")
+                return exitcodes.TOOL
+            self.say(
+                f"warning: {e}; this command runs without a guardian: it is stopped "
+                "only while this process lives"
+            )
+            self.client = None
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             if self.spec is not None:
                 self.say(f"cannot reach the ticket daemon: {e}")
@@ -338,7 +373,12 @@ class Run:
                     if self.lease is not None:
                         # Returns once the daemon has ended the lease: the token is
                         # gone and the device grantable when we return.
-                        client.end()
+                        client.end(timeout=self.args.grace + END_MARGIN)
+                        if client.silent is not None:
+                            self.say(
+                                f"warning: {client.silent} to end the lease; it ends it "
+                                "once it reads again (this connection is closed)"
+                            )
                     client.close()
         return self._outcome(result)
 

@@ -36,3 +36,29 @@ def recv_fds(sock: Socket, size: int, max_fds: int, flags: int = 0) -> tuple[byt
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
     return data, list(fds)
+
+
+def send_timeout(sock: Socket, seconds: float) -> None:
+    """Bound ``connect`` and every send on ``sock`` (``SO_SNDTIMEO``): a blocking
+    call that waits longer fails with ``EAGAIN`` (:class:`BlockingIOError`).
+
+    The socket stays blocking (no ``settimeout``: that polls before each
+    ``recv``, and ``MSG_DONTWAIT`` reads must not wait); ``connect`` of a Unix
+    socket waits on a full backlog for this long, then fails.
+    """
+    whole = int(seconds)
+    tv = array.array("l", [whole, int((seconds - whole) * 1e6)])  # struct timeval (Linux)
+    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, tv.tobytes())
+
+
+def peer_pid(sock: Socket) -> int | None:
+    """The pid of the process at the other end (``SO_PEERCRED``: the daemon that
+    listens), None if the kernel does not say."""
+    ucred = array.array("i")  # struct ucred: pid, uid, gid
+    try:
+        ucred.frombytes(
+            sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 3 * ucred.itemsize)
+        )
+    except (OSError, ValueError):
+        return None
+    return ucred[0] if ucred and ucred[0] > 0 else None
