@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hold.devices import DeviceClass
+from hold.errors import HoldError
 from hold.holders import Holder, details, device_memory, read_proc, scan, targets
 from hold.statedir import StateDir
 from supervisor import procscan
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
     from hold.nvml import Prefetch
 
 # ---------------------------------------------------------------- attribution
+
+
+class LeasesUnknown(HoldError):
+    """The arbiter is there but did not say which leases live: nothing is
+    attributed and nothing is stopped (exit 125)."""
 
 
 class LeaseView(NamedTuple):
@@ -48,21 +54,26 @@ def live_leases(sd: StateDir) -> list[LeaseView]:
 
     Asked over its socket, never read from token files: a token in a directory
     the caller controls would make a stray look covered. No daemon serving
-    there means no live lease (none is started for an audit).
+    there means no live lease (none is started for an audit). A daemon that
+    is there but does not answer (stopped, stalled) raises
+    :class:`LeasesUnknown`: its leases' holders would all look stray, and
+    ``--kill`` would stop them.
     """
     if not os.path.exists(sd.socket):
         return []  # what connecting would find, without importing the client (~8 ms, issue 13)
-    from hold.client import Client, DaemonUnreachable
+    from hold.client import Client, DaemonSilent, DaemonUnreachable
     from hold.protocol import ProtocolError
 
     try:
         client = Client.connect(sd, autostart=False)
+    except DaemonSilent as e:
+        raise LeasesUnknown(f"cannot tell which holders a lease covers: {e}") from None
     except DaemonUnreachable:
         return []
     try:
         ans = client.request({"op": "leases"})
-    except (DaemonUnreachable, OSError, ProtocolError, TimeoutError):
-        return []
+    except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
+        raise LeasesUnknown(f"cannot tell which holders a lease covers: {e}") from None
     finally:
         client.close()
     out: list[LeaseView] = []

@@ -142,3 +142,48 @@ def test_kill_reports_a_stray_ended_with_another_strays_tree(
         res.stdout
     ), res.stdout
     assert "already gone" not in res.stdout
+
+
+def test_a_daemon_that_does_not_answer_makes_the_audit_stop_nothing(tmp_path: Path) -> None:
+    """Its leases' holders would all look stray: the audit says it cannot tell, and
+    ``--kill`` stops nobody (exit 125), within a few seconds."""
+    from conftest import daemon_pid
+
+    node = _fake_node(tmp_path)
+    lease = subprocess.Popen(
+        [*HOLD, "run", "--device", "fake:0", "--", "sh", "-c", f'exec sleep 120 3<"{node}"'],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        holder = wait_for(
+            lambda: next((p for p in procscan.pids() if holds_node(p, node)), None),
+            20,
+            what="the lease's command to hold the node",
+        )
+        covered = subprocess.run(
+            [*HOLD, "audit", "--json", "--device", "fake"], capture_output=True, text=True
+        )
+        assert covered.returncode == 0, (covered.stdout, covered.stderr)
+        daemon = daemon_pid(tmp_path / "state")
+        assert daemon is not None
+        os.kill(daemon, signal.SIGSTOP)
+        try:
+            res = subprocess.run(
+                [*HOLD, "audit", "--device", "fake", "--kill", "--yes"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        finally:
+            os.kill(daemon, signal.SIGCONT)
+        assert res.returncode == 125, (res.stdout, res.stderr)
+        assert "cannot tell which holders a lease covers" in res.stderr, res.stderr
+        assert "did not" in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert alive(holder)
+    finally:
+        lease.terminate()
+        lease.wait(timeout=30)
