@@ -13,6 +13,14 @@ refused arguments or bad usage, 75 with ``--no-wait`` when every slot is
 taken (or while the stack starts or stops), 1 when no such stack runs (as
 for every stack command; the task's own status 1 is told apart by the summary
 line on stderr).
+
+Deadlines: the stack answers (``accepted``, or a refusal: busy with
+``--no-wait``) within :data:`ANSWER_WAIT` seconds; while the call waits for a
+slot the stack says so every few seconds (``queued``); once it runs
+(``running``), its result comes within the task's own timeout, its grace and
+:data:`_RESULT_MARGIN`. A stack that misses a deadline is named with its
+supervisor's pid, and the call ends 124 (the connection closed: a stack that
+gets on again cancels the call).
 """
 
 from __future__ import annotations
@@ -24,13 +32,17 @@ import select
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
-from supervisor.exitcodes import NO, TOOL, USAGE, signalled
+from supervisor.exitcodes import EXPIRED, NO, TOOL, USAGE, signalled
 from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line, strict_loads
 
 PROG = "hold call"
 _CANCEL_WAIT_MARGIN = 15.0  # beyond the task's grace, for the stop after a cancel
+ANSWER_WAIT = 5.0  # the stack's first answer (as hold.stackdir.ANSWER_WAIT)
+_RESULT_MARGIN = 15.0  # beyond the task's timeout and grace: the stop, the check, the answer
+_BEATS = 4  # a queued call's stack is silent this many beats: stuck
 
 
 def say(text: str) -> None:
@@ -91,7 +103,7 @@ def main_call(
 ) -> int:
     from hold.statedir import open_state_dir  # not hold.stackcmd: a call starts lean
     from supervisor.parse import BadValue
-    from supervisor.stackctl import check_stack_name
+    from supervisor.stackctl import check_stack_name, connect
 
     try:
         check_stack_name(name)
@@ -101,15 +113,21 @@ def main_call(
         say(str(e))
         return USAGE
     path = os.path.join(sd.path, "stacks", name, "control.sock")  # as hold.stackcmd.run_dir_of
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    # Connecting and sending are bounded too: a stuck stack's backlog fills up.
     try:
-        try:
-            sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            from hold.stackdir import no_such_stack  # only on this path: a call starts lean
+        sock = connect(path, ANSWER_WAIT, "call")
+    except (FileNotFoundError, ConnectionRefusedError):
+        from hold.stackdir import no_such_stack  # only on this path: a call starts lean
 
-            no_such_stack(name, PROG)
-            return NO
+        no_such_stack(name, PROG)
+        return NO
+    except TimeoutError:
+        _say_silent(name, f"did not take the call in {ANSWER_WAIT:g} s")
+        return EXPIRED
+    except OSError as e:
+        say(f"cannot reach stack {name}: {e}")
+        return TOOL
+    try:
         request = {
             "op": "call",
             "unit": unit,
@@ -117,7 +135,11 @@ def main_call(
             "text_args": text_args,
             "no_wait": no_wait,
         }
-        sock.sendall(dumps_line(request))
+        try:
+            sock.sendall(dumps_line(request))
+        except TimeoutError:
+            _say_silent(name, f"did not take the call in {ANSWER_WAIT:g} s")
+            return EXPIRED
         return _conversation(sock, name, unit, as_json)
     finally:
         sock.close()
@@ -129,10 +151,12 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
     reader = _Lines(sock)
     accepted: dict[str, Any] = {}
     cancelled_by: int | None = None
+    run_until: float | None = None  # the result's deadline, once the call runs
     try:
         while True:
+            wait, silent = _wait(accepted, run_until)
             try:
-                msg = reader.next(None if cancelled_by is None else _cancel_wait(accepted))
+                msg = reader.next(wait if cancelled_by is None else _cancel_wait(accepted))
             except _Interrupted as e:
                 if cancelled_by is not None:
                     say("interrupted again: not waiting for the stop")
@@ -145,6 +169,9 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
                     return signalled(e.signum)
                 continue
             except TimeoutError:
+                if cancelled_by is None:
+                    _say_silent(name, silent)
+                    return EXPIRED
                 say("the stack did not confirm the stop in time")
                 return signalled(cancelled_by or signal.SIGINT)
             except BadJSON as e:
@@ -156,6 +183,11 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
             ev = msg.get("ev")
             if ev == "accepted":
                 accepted = msg
+                if not msg.get("beat") or msg.get("state") != "queued":
+                    ev = "running"  # no word of its start will come: counted from now
+            if ev == "running" and run_until is None and accepted:
+                run_until = time.monotonic() + _run_limit(accepted)
+            if ev in ("accepted", "running", "queued"):
                 continue
             if ev == "error":
                 for line in msg.get("errors") or [str(msg.get("error"))]:
@@ -169,6 +201,39 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _run_limit(accepted: dict[str, Any]) -> float:
+    """How long a running call's result may take: the task's timeout and grace
+    (as the stack said them) and a margin."""
+    return (
+        float(accepted.get("timeout", 60.0)) + float(accepted.get("grace", 10.0)) + (_RESULT_MARGIN)
+    )
+
+
+def _wait(accepted: dict[str, Any], run_until: float | None) -> tuple[float, str]:
+    """How long to wait for the stack's next message now, and what its silence
+    would mean."""
+    if not accepted:
+        return ANSWER_WAIT, f"did not take the call in {ANSWER_WAIT:g} s"
+    call = f"call {accepted.get('call')} of {accepted.get('unit')}"
+    if run_until is None:
+        beats = _BEATS * float(accepted.get("beat") or 2.0)
+        return beats, f"fell silent for {beats:g} s while {call} waited for a slot"
+    timeout, grace = float(accepted.get("timeout", 60.0)), float(accepted.get("grace", 10.0))
+    why = (
+        f"gave no result for {call} in {_run_limit(accepted):g} s "
+        f"(its timeout {timeout:g} s, grace {grace:g} s)"
+    )
+    return max(0.0, run_until - time.monotonic()), why
+
+
+def _say_silent(name: str, what: str) -> None:
+    from hold.stackdir import stopped_text, supervisor_of  # only on this path
+
+    pid = supervisor_of(name)
+    who = f"the supervisor of stack {name}" + (f" (pid {pid})" if pid is not None else "")
+    say(f"{who} {what}{stopped_text(pid)}; see hold ps {name}")
 
 
 def _cancel_wait(accepted: dict[str, Any]) -> float:
@@ -224,8 +289,6 @@ class _Lines:
     def next(self, timeout: float | None) -> dict[str, Any] | None:
         """The next message; None at end of file; ``TimeoutError`` past ``timeout``;
         :class:`BadJSON` for a line that is not one."""
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while (msg := self.lines.next()) is None:
             left = None if deadline is None else deadline - time.monotonic()

@@ -21,10 +21,20 @@ from typing import Any
 
 from hold.downcmd import main_down, main_restart
 from hold.logscmd import main_logs
-from hold.stackdir import ask, load_checked, no_such_stack, open_sd, run_dir_of, say
+from hold.stackdir import (
+    PS_WAIT,
+    ask,
+    load_checked,
+    no_such_stack,
+    not_answering,
+    open_sd,
+    run_dir_of,
+    say,
+    supervisor_of,
+)
 from hold.upcmd import main_up
 from hold.validatecmd import main_validate
-from supervisor.exitcodes import NO, USAGE
+from supervisor.exitcodes import EXPIRED, NO, USAGE
 from supervisor.parse import BadValue, format_duration
 
 __all__ = [
@@ -44,28 +54,53 @@ __all__ = [
 
 
 def main_ps(name: str | None, as_json: bool) -> int:
+    """``hold ps [NAME]``: 0; 1 if NAME is not running; 124 if a stack did not
+    answer within :data:`~hold.stackdir.PS_WAIT` (named, with its supervisor's pid)."""
+    from supervisor.stackctl import NoAnswer
+
+    silent: list[str] = []
     try:
         if name is None:
-            stacks = _running_stacks()
+            stacks, silent = _running_stacks()
         else:
-            ans = ask(name, {"op": "ps"}, timeout=5)
+            try:
+                ans = ask(name, {"op": "ps"}, timeout=PS_WAIT)
+            except NoAnswer:
+                ans = None
+                silent = [name]
             stacks = [ans] if ans is not None else []
     except BadValue as e:
         say(str(e), "hold ps")
         return USAGE
+    if name is not None and silent:
+        _say_silent(name)
+        return EXPIRED
     if name is not None and not stacks:
         no_such_stack(name, "hold ps")
         return NO
     if as_json:
         shown = [public(s) for s in stacks]
-        doc = {"version": PS_VERSION, "stacks": shown} if name is None else shown[0]
+        doc: Any = {"version": PS_VERSION, "stacks": shown} if name is None else shown[0]
+        if silent:
+            doc["not_answering"] = [
+                {"stack": n, "pid": supervisor_of(n), "waited_s": PS_WAIT} for n in silent
+            ]
         print(json.dumps(doc, indent=2))
-        return 0
-    if name is None:
-        _print_stacks(stacks)
+    elif name is None:
+        _print_stacks(stacks, silent)
     else:
         _print_stack(stacks[0])
-    return 0
+    for n in silent:
+        _say_silent(n)
+    return EXPIRED if silent else 0
+
+
+def _say_silent(name: str) -> None:
+    say(
+        f"{not_answering(name, supervisor_of(name), PS_WAIT)}; "
+        f"hold down {name} stops its units through the ticket daemon",
+        "hold ps",
+    )
 
 
 PS_VERSION = 1
@@ -77,19 +112,48 @@ def public(ans: dict[str, Any]) -> dict[str, Any]:
     return {"version": PS_VERSION, **{k: v for k, v in ans.items() if k not in _WIRE}}
 
 
-def _running_stacks() -> list[dict[str, Any]]:
-    from supervisor.stackctl import request
+def _running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
+    """The running stacks' ``ps`` answers, and the names of those that did not
+    answer within :data:`~hold.stackdir.PS_WAIT`; all asked at once (one stuck
+    stack costs that wait once, not once per stack)."""
+    import threading
 
-    sd = open_sd()
-    base = sd.stacks()
-    out = []
-    for name in sorted(os.listdir(base)):
+    from supervisor.stackctl import NoAnswer, request
+
+    base = open_sd().stacks()
+    socks = {
+        name: path
+        for name in sorted(os.listdir(base))
+        if os.path.exists(path := os.path.join(base, name, "control.sock"))
+    }
+    answers: dict[str, dict[str, Any] | None] = {}
+
+    def one(name: str) -> None:
         try:
-            ans = request(os.path.join(base, name, "control.sock"), {"op": "ps"}, timeout=5)
-        except (OSError, TimeoutError, ValueError):
-            continue
-        out.append(ans)
-    return out
+            answers[name] = request(socks[name], {"op": "ps"}, timeout=PS_WAIT)
+        except NoAnswer:
+            answers[name] = None
+        except (OSError, ValueError):
+            pass  # not running (a dead stack's socket), or not a stack's answer
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()  # each ends within its request's deadlines
+    out = [a for n in socks if (a := answers.get(n)) is not None]
+    silent = [n for n in socks if n in answers and answers[n] is None]
+    return out, silent
+
+
+def _record(name: str) -> dict[str, Any]:
+    """The stack's ``stack.json`` (its file, when it started), or {}."""
+    try:
+        with open(os.path.join(run_dir_of(open_sd(), name), "stack.json"), "rb") as f:
+            rec = json.loads(f.read(1 << 16))
+    except (OSError, ValueError, BadValue):
+        return {}
+    return rec if isinstance(rec, dict) else {}
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -99,9 +163,10 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def _print_stacks(stacks: list[dict[str, Any]]) -> None:
-    """``hold ps``: one line per running stack."""
-    if not stacks:
+def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
+    """``hold ps``: one line per running stack; one that did not answer is there too,
+    with what is known of it (its supervisor, its file)."""
+    if not stacks and not silent:
         print("no stack is running")
         return
     rows = [["STACK", "PID", "UNITS", "READY", "UPTIME", "FILE"]]
@@ -117,6 +182,11 @@ def _print_stacks(stacks: list[dict[str, Any]]) -> None:
                 s["file"],
             ]
         )
+    for name in silent:
+        rec = _record(name)
+        pid = supervisor_of(name)
+        rows.append([name, str(pid or "?"), "?", "?", "not answering", str(rec.get("file", "?"))])
+    rows[1:] = sorted(rows[1:])
     print(_table(rows))
 
 

@@ -1,5 +1,12 @@
 """What the stack commands share: where a stack lives (``HOLD_STATE_DIR/stacks/NAME/``),
-its file checked by our rules too, and asking a running stack on its control socket."""
+its file checked by our rules too, asking a running stack on its control socket,
+and who its supervisor is (the holder of its ``stack.lock``) when it does not answer.
+
+Deadlines (see docs/DESIGN.md, "Deadlines"): a stack's first answer comes within
+:data:`ANSWER_WAIT` seconds (``hold ps`` waits :data:`PS_WAIT`, so that it is done
+within 5 s); what takes longer (a stop, a restart, a call) is bounded by what the
+stack says it may take once it has answered. A stack that does not answer in time
+is named, with its supervisor's pid, never shown as "not running"."""
 
 from __future__ import annotations
 
@@ -75,8 +82,13 @@ def open_sd() -> StateDir:
     return sd
 
 
+ANSWER_WAIT = 5.0  # seconds for a stack's first answer (hold down, restart, call)
+PS_WAIT = 3.0  # hold ps's (the command is done within 5 s)
+
+
 def ask(name: str, msg: dict[str, Any], **kw: Any) -> dict[str, Any] | None:
-    """Ask the running stack ``name``; None if it is not running."""
+    """Ask the running stack ``name``; None if it is not running.
+    :class:`~supervisor.stackctl.NoAnswer` if it did not answer in time."""
     from supervisor.stackctl import request
 
     sd = open_sd()
@@ -108,3 +120,46 @@ def no_such_stack(name: str, prog: str, *, ever: bool = False) -> None:
     else:
         text = f"stack {name} is not running"
     say(text + did_you_mean(name, others), prog)
+
+
+def lock_holder(path: str) -> int | None:
+    """The pid written in a held stack lock (its supervisor); None if nobody holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it (closing fd lets go at once)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else None
+    finally:
+        os.close(fd)
+
+
+def supervisor_of(name: str) -> int | None:
+    """The pid of stack ``name``'s supervisor while it holds the stack's name."""
+    try:
+        return lock_holder(os.path.join(run_dir_of(open_sd(), name), "stack.lock"))
+    except BadValue:
+        return None
+
+
+def stopped_text(pid: int | None) -> str:
+    """``" (stopped: SIGSTOP or a debugger)"`` where the kernel says the process is."""
+    from supervisor.procscan import stat_of
+
+    st = stat_of(pid) if pid is not None else None
+    return (
+        " (its process is stopped: SIGSTOP or a debugger)" if st and st.state in ("t", "T") else ""
+    )
+
+
+def not_answering(name: str, pid: int | None, waited: float) -> str:
+    """Who did not answer, and for how long: the start of every such message."""
+    who = f"the supervisor of stack {name}" + (f" (pid {pid})" if pid is not None else "")
+    return f"{who} did not answer in {waited:g} s{stopped_text(pid)}"

@@ -22,12 +22,21 @@ from supervisor.spawn import owned_pids
 from supervisor.stackctl import Message, Reply
 from supervisor.stackstart import launch, start_and_wait
 from supervisor.stackstate import StackState
-from supervisor.states import UnitState, advance
+from supervisor.states import CallState, UnitState, advance
 from supervisor.stop import stop_tree
 from supervisor.units import TaskUnit, Unit, reap
 
 if TYPE_CHECKING:
     from supervisor.task import Call
+
+# While a call waits for a slot, its client hears from us this often (``queued``),
+# and ``running`` once it starts: a silent stack is then a stuck one, and a running
+# call's client waits no longer than the task's timeout, its grace and a margin.
+CALL_BEAT = 2.0
+_LOOK = 0.1  # how often a queued call's state is looked at (its start told at once)
+# Beyond the units' graces, in a bound told to a client: the kill, the survivor
+# check, a busy machine.
+_MARGIN = 10.0
 
 
 def on_request(st: StackState, msg: Message, reply: Reply) -> None:
@@ -105,6 +114,7 @@ def _serve_call(st: StackState, msg: Message, reply: Reply) -> None:
             "state": call.state,
             "timeout": t.runner.timeout,
             "grace": t.spec.stop.grace,
+            "beat": CALL_BEAT,
         }
     )
     _follow_call(call, reply)
@@ -144,7 +154,10 @@ def _task_to_call(
 
 def _follow_call(call: Call, reply: Reply) -> None:
     """Wait for ``call`` to end while watching its client: gone (end of file,
-    reset) or asking ``{"op": "cancel"}`` cancels it. Returns once it is done."""
+    reset) or asking ``{"op": "cancel"}`` cancels it. Returns once it is done.
+
+    The client hears ``queued`` every :data:`CALL_BEAT` seconds while the call
+    waits for a slot, and ``running`` once it has one (looked at every 0.1 s)."""
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     lock = threading.Lock()
     closed = False
@@ -163,8 +176,17 @@ def _follow_call(call: Call, reply: Reply) -> None:
         if client >= 0:
             poller.register(client, select.POLLIN | select.POLLRDHUP)
         asked = b""
+        running_told = False
+        beat_at = time.monotonic() + CALL_BEAT
         while not call.done():
-            for fd, _ev in poller.poll():
+            queued = call.state == CallState.QUEUED
+            if not queued and not running_told:
+                running_told = True
+                reply.send({"ev": "running", "call": call.id})
+            elif queued and time.monotonic() >= beat_at:
+                beat_at = time.monotonic() + CALL_BEAT
+                reply.send({"ev": "queued", "call": call.id})
+            for fd, _ev in poller.poll(_LOOK * 1000 if queued else None):
                 if fd != client:
                     continue
                 data = reply.recv()
@@ -187,10 +209,22 @@ def _follow_call(call: Call, reply: Reply) -> None:
 
 def _down(st: StackState, reply: Reply) -> None:
     """Main thread: stop the stack; the reply waits for the end (see stackstop.finish)."""
-    reply.send({"ev": "stopping"})
+    reply.send({"ev": "stopping", "within": _stop_bound(st)})
     st.down_waiters.append(reply)
     if st.cause is None:
         st.cause = Cause("down", "hold down", OK)
+
+
+def _stop_bound(st: StackState) -> float:
+    """How long the stop may take at most (seconds), as :func:`supervisor.stackstop.stop_all`
+    goes: the calls (each task's grace), the jobs' end, the units level by level
+    (each level's longest grace), the survivor check. ``hold down`` waits that long."""
+    from supervisor.stackstop import levels
+
+    calls = sum(t.spec.stop.grace + _MARGIN for t in st.tasks.values())
+    jobs = max((u.spec.stop.grace for u in st.units.values()), default=0.0) + _MARGIN
+    units = sum(max(u.spec.stop.grace for u in lv) + 5.0 for lv in levels(st))
+    return round(calls + jobs + units + _MARGIN, 1)
 
 
 def _restart(st: StackState, name: str, reply: Reply) -> None:
@@ -218,6 +252,10 @@ def _restart(st: StackState, name: str, reply: Reply) -> None:
     u.stop_watching()
     advance(u, UnitState.RESTARTING)
     st.say(f"{name}: restarting (asked by hold restart)")
+    # How long it may take: its stop (grace, kill, check) and its start until ready.
+    ready = u.spec.ready.timeout if u.spec.ready is not None else 0.0
+    within = u.spec.stop.grace + ready + 2 * _MARGIN
+    reply.send({"ev": "restarting", "unit": name, "within": within})
     launch(st, u, _manual_restart_job, reply=reply)
 
 

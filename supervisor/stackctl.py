@@ -207,28 +207,75 @@ class ControlServer:
         os.close(self._stop_w)
 
 
+class NoAnswer(TimeoutError):
+    """The stack did not answer ``op`` within ``waited`` seconds: its supervisor is
+    stuck (stopped, or its threads not getting on). ``heard``: the last message it
+    did send for this request (``down``'s ``stopping``), if any."""
+
+    def __init__(self, op: str, waited: float, heard: Message | None) -> None:
+        super().__init__(f"the stack did not answer {op!r} in {waited:g} s")
+        self.op = op
+        self.waited = waited
+        self.heard = heard
+
+
+def connect(path: str, timeout: float, op: str) -> socket.socket:
+    """A connection to the stack at ``path``, its sends bounded by ``timeout``.
+
+    A stuck stack's backlog fills up, and a connect to it then fails at once
+    (``EAGAIN``: a Unix socket's connect does not wait for room once it has a
+    timeout) or would block: tried again until ``timeout``, then :class:`NoAnswer`.
+    ``OSError`` (``FileNotFoundError``, ``ConnectionRefusedError``) where no
+    stack listens."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        s.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            s.connect(path)
+        except (BlockingIOError, TimeoutError):
+            s.close()
+            if time.monotonic() >= deadline:
+                raise NoAnswer(op, timeout, None) from None
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            continue
+        except BaseException:
+            s.close()
+            raise
+        s.settimeout(timeout)
+        return s
+
+
 def request(
     path: str,
     msg: Message,
     *,
     timeout: float = 10.0,
-    on_message: Callable[[Message], None] | None = None,
+    on_message: Callable[[Message], float | None] | None = None,
 ) -> Message:
     """Send ``msg`` to the stack at ``path``; the final answer (``done``).
 
-    ``on_message`` sees the answers before it. Raises ``OSError`` if no stack
-    answers there, ``TimeoutError`` if the final answer takes longer than
-    ``timeout`` seconds since the last message.
+    Every step has a deadline: the connection and the request (a stuck stack's
+    full backlog would hold a connect), and each answer, ``timeout`` seconds
+    after the last message. ``on_message`` sees the answers before the final
+    one; what it returns, if not None, is the wait for the next (``down``'s
+    ``stopping`` says how long the stop may take). Raises ``OSError`` if no
+    stack answers there, :class:`NoAnswer` (a ``TimeoutError``) past a deadline.
     """
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
-        s.connect(path)
-        s.sendall(dumps_line(msg))
+    op = str(msg.get("op"))
+    wait = timeout
+    heard: Message | None = None
+    with connect(path, timeout, op) as s:
+        try:
+            s.sendall(dumps_line(msg))
+        except TimeoutError:
+            raise NoAnswer(op, timeout, None) from None
         lines = LineBuffer(MAX_ANSWER)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + wait
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"the stack did not answer {msg.get('op')!r} in time")
+                raise NoAnswer(op, wait, heard)
             if not select.select([s], [], [], left)[0]:
                 continue
             data = s.recv(65536)
@@ -238,6 +285,9 @@ def request(
             while (ans := lines.next()) is not None:
                 if ans.get("done"):
                     return ans
+                heard = ans
                 if on_message is not None:
-                    on_message(ans)
-                deadline = time.monotonic() + timeout
+                    more = on_message(ans)
+                    if more is not None:
+                        wait = more
+                deadline = time.monotonic() + wait
