@@ -37,6 +37,10 @@ class Config(NamedTuple):
     # private ones); {sample: 30s}: how often live leases are scanned for "held".
     report_labels: bool = False
     report_sample: float = 30.0
+    # scratch: {min_free: SIZE}: the free-space floor of every scratch (hold run
+    # --scratch, npu-hold --scratch, a stack unit's without its own min_free);
+    # None: supervisor.scratch.DEFAULT_MIN_FREE; 0: none.
+    scratch_min_free: int | None = None
 
 
 def config_path(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
@@ -79,7 +83,7 @@ def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:
     return parse_file(path)
 
 
-TOP_KEYS = ("busy_devices", "cgroups", "compat", "devices", "report", "state")
+TOP_KEYS = ("busy_devices", "cgroups", "compat", "devices", "report", "scratch", "state")
 # What people type for our keys (from other tools, or by habit).
 SYNONYMS = {
     "cgroup": "cgroups",
@@ -125,6 +129,8 @@ def parse_file(path: str) -> Config:
             values["devices"] = vnode
         elif key == "report":
             values.update(_report(vnode, path))
+        elif key == "scratch":
+            values["scratch_min_free"] = _scratch(vnode, path)
         else:
             raise BadValue(
                 "key",
@@ -192,6 +198,36 @@ def _report(node: Any, path: str) -> dict[str, Any]:
                 where,
             )
     return out
+
+
+def _scratch(node: Any, path: str) -> int | None:
+    """``scratch: {min_free: SIZE}`` (``500M``, ``2G``; 0: no floor)."""
+    from supervisor.stackvalues import size
+
+    out: int | None = None
+    for key, (knode, vnode) in _mapping(node, path, "scratch").items():
+        where = f"{path}:{knode.start_mark.line + 1}"
+        if key != "min_free":
+            raise BadValue(
+                "key scratch.", key, "min_free" + did_you_mean(key, ("min_free",)), where
+            )
+        text = _scalar(vnode, path)
+        try:
+            out = size(text)
+        except ValueError:
+            raise BadValue(
+                "scratch.min_free",
+                text,
+                "a size such as 500M, 2G or 1.5GiB (K, M, G, T are powers of 1024), or 0",
+                where,
+            ) from None
+    return out
+
+
+def scratch_min_free(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
+    """The configuration's scratch floor (None: the built-in default); :class:`BadValue`
+    for a bad file. For ``hold run --scratch``, which otherwise may read no file."""
+    return load(environ).scratch_min_free
 
 
 def _mapping(node: Any, path: str, what: str) -> dict[str, tuple[Any, Any]]:

@@ -62,7 +62,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         None,
         "a fresh private directory for the command, in $HOLD_SCRATCH, removed when "
-        "it ends (under $XDG_CACHE_HOME/hold/scratch)",
+        "it ends (under $XDG_CACHE_HOME/hold/scratch; refused with less than 1 GiB "
+        "free, or the configuration's scratch: {min_free})",
     ),
     ("--keep-scratch", None, None, "keep the --scratch directory (its path is printed)"),
     (

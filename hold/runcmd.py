@@ -253,11 +253,12 @@ class Run:
         if not self.args.scratch:
             yield None
             return
+        from hold.config import scratch_min_free
         from supervisor.safefile import UnsafePath
         from supervisor.scratch import ScratchError, scoped
 
         try:
-            scope = scoped(self.args.keep_scratch, self.say)
+            scope = scoped(self.args.keep_scratch, self.say, min_free=scratch_min_free())
             scratch = scope.__enter__()
         except (ScratchError, UnsafePath, OSError) as e:
             self.say(f"scratch: {e}")

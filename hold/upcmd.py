@@ -67,6 +67,22 @@ class UpSettings(NamedTuple):
         return cls(str(data["cgroups"]), data.get("digest"), device)
 
 
+def with_scratch_floor(spec: StackSpec, floor: int | None) -> StackSpec:
+    """``spec`` with the configuration's scratch floor (``scratch: {min_free}``) for
+    every unit's scratch that names none of its own (None: the built-in default)."""
+    if floor is None:
+        return spec
+    import dataclasses
+
+    units = {
+        name: dataclasses.replace(u, scratch=dataclasses.replace(u.scratch, min_free=floor))
+        if u.scratch is not None and u.scratch.min_free is None
+        else u
+        for name, u in spec.units.items()
+    }
+    return dataclasses.replace(spec, units=units)
+
+
 def main_up(
     path: str, *, detach: bool = False, run_for: str | None = None, status_fd: int | None = None
 ) -> int:
@@ -88,7 +104,7 @@ def main_up(
             else None
         )
         cfg = load()  # once for the whole command, passed down
-        spec = load_checked(path, cfg)
+        spec = with_scratch_floor(load_checked(path, cfg), cfg.scratch_min_free)
         settings = UpSettings.of(spec, cfg)
         sd = open_sd()
     except StackFileError as e:

@@ -47,9 +47,9 @@ def run_in_scratch(
     """:func:`run_cold` with a fresh scratch directory for this call (``HOLD_SCRATCH``),
     removed once the call's tree is stopped (unless kept). A parked stub is never
     used for such a task: its environment is fixed before the call is known."""
-    root = default_root()
-    sweep(root)  # what killed runs left
     try:
+        root = default_root()
+        sweep(root)  # what killed runs left
         scratch = Scratch(root, keep=spec.keep, min_free=spec.min_free)
     except (ScratchError, OSError) as e:
         return call.failed(USAGE, f"scratch: {e}", queued)

@@ -5,7 +5,11 @@ model container filled a tmpfs to 0 bytes and broke every other user's tools,
 and a ``.`` in a path once came close to wiping a shared scratch root. So:
 
 * the root is disk-backed (``$XDG_CACHE_HOME/hold/scratch`` by default, the
-  caller's choice), a real directory of ours (no symlink), 0700;
+  caller's choice), a real directory of ours (no symlink), 0700; where it
+  comes from (``XDG_CACHE_HOME``, else ``HOME``) must be an absolute, existing
+  directory of ours and not ``/`` (:func:`check_base`), or nothing is made;
+* a free-space floor (:data:`DEFAULT_MIN_FREE` unless the caller names
+  another; 0: none) is checked before the run starts;
 * a run's directory is made with ``mkdirat`` on a descriptor of the root that
   stays open, with a fresh name, 0700; its own descriptor stays open too, and
   an ``flock`` on it says "a live run owns this" (the kernel lets it go when
@@ -27,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import pwd
 import secrets
 import stat
 from collections.abc import Callable, Iterator
@@ -40,6 +45,10 @@ MAX_DEPTH = 200  # deeper than this is reported, not removed (no unbounded recur
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 PREFIX = "run-"
 KEPT = "kept-"
+# The free space a scratch's filesystem must have when it is made, unless the
+# caller names another floor (the configuration's ``scratch: {min_free}``, a
+# unit's ``scratch: {min_free}``); 0 turns it off.
+DEFAULT_MIN_FREE = 1 << 30
 
 
 class ScratchError(SupervisorError):
@@ -48,10 +57,63 @@ class ScratchError(SupervisorError):
     exit_code = USAGE
 
 
-def default_root() -> str:
-    """``$XDG_CACHE_HOME/hold/scratch`` (``~/.cache/hold/scratch``): disk, not a tmpfs."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "hold", "scratch")
+def default_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """``$XDG_CACHE_HOME/hold/scratch`` (``~/.cache/hold/scratch``): disk, not a tmpfs.
+
+    :class:`ScratchError` (nothing made) unless the directory it comes from,
+    ``XDG_CACHE_HOME`` or else ``HOME`` (else the password database's home),
+    passes :func:`check_base`: ``XDG_CACHE_HOME=/`` would make ``/hold/scratch``,
+    ``./..`` a relative ``HOLD_SCRATCH``, ``HOME=/nonexistent`` a new tree there.
+    """
+    xdg = environ.get("XDG_CACHE_HOME")
+    if xdg:
+        check_base(xdg, "XDG_CACHE_HOME")
+        return os.path.join(xdg, "hold", "scratch")
+    home, where = environ.get("HOME"), "HOME (XDG_CACHE_HOME is not set)"
+    if not home:
+        uid = os.geteuid()
+        try:
+            home = pwd.getpwuid(uid).pw_dir
+        except KeyError:
+            raise ScratchError(
+                f"scratch root: neither XDG_CACHE_HOME nor HOME is set, and uid {uid} has "
+                "no home in the password database; set XDG_CACHE_HOME to a directory of "
+                "yours. Nothing was made"
+            ) from None
+        where = f"the home of uid {uid} in the password database (HOME is not set)"
+    check_base(home, where)
+    return os.path.join(home, ".cache", "hold", "scratch")
+
+
+def check_base(path: str, where: str) -> None:
+    """Refuse (:class:`ScratchError`, naming ``path`` and ``where`` it came from)
+    a directory to make scratch roots in that is not an absolute path without
+    ``..``, not ``/``, and an existing directory of this user."""
+    me = os.geteuid()
+    why = None
+    if not os.path.isabs(path):
+        why = "is a relative path"
+    elif ".." in path.split("/"):
+        why = "contains '..'"
+    elif os.path.normpath(path) == "/":
+        why = "is the root directory /"
+    else:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            why = "does not exist"
+        except OSError as e:
+            why = f"cannot be looked at ({e.strerror})"
+        else:
+            if not stat.S_ISDIR(st.st_mode):
+                why = "is not a directory"
+            elif st.st_uid != me:
+                why = f"is owned by uid {st.st_uid}, not by you (uid {me})"
+    if why is not None:
+        raise ScratchError(
+            f"scratch root: {path!r} (from {where}) {why}; wanted an absolute, existing "
+            f"directory of yours other than /. Nothing was made"
+        )
 
 
 @dataclass
@@ -79,14 +141,27 @@ class Scratch:
     """
 
     def __init__(self, root: str, *, keep: bool = False, min_free: int | None = None) -> None:
+        """``min_free``: the floor of free space (None: :data:`DEFAULT_MIN_FREE`; 0: none)."""
+        if not os.path.isabs(root) or ".." in root.split("/") or os.path.normpath(root) == "/":
+            raise ScratchError(
+                f"scratch root: {root!r} is not an absolute path of a directory other than / "
+                "(without '..'). Nothing was made"
+            )
+        floor = DEFAULT_MIN_FREE if min_free is None else min_free
+        if floor:  # before anything is made: where the root will be, as it is now
+            near = _nearest(root)
+            try:
+                _check_free(near, root, floor, min_free is None)
+            finally:
+                os.close(near)
         ensure_dir(root, 0o700)
         self._root_fd = os.open(root, _DIR_FLAGS)
         self.root = root
         self.keep = keep
         self.report: RemoveReport | None = None
         try:
-            if min_free is not None:
-                _check_free(self._root_fd, root, min_free)
+            if floor:  # again, on the root itself (another filesystem may be mounted there)
+                _check_free(self._root_fd, root, floor, min_free is None)
             self.name, self._fd = _make(self._root_fd)
         except BaseException:
             os.close(self._root_fd)
@@ -141,13 +216,31 @@ class Scratch:
         self._fd = self._root_fd = -1
 
 
-def _check_free(root_fd: int, root: str, min_free: int) -> None:
-    st = os.fstatvfs(root_fd)
+def _nearest(path: str) -> int:
+    """A descriptor of ``path`` or of its nearest existing ancestor (for its free space)."""
+    while True:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            if path == os.path.dirname(path):
+                raise
+            path = os.path.dirname(path)
+
+
+def _check_free(fd: int, root: str, min_free: int, default: bool) -> None:
+    """Refuse less than ``min_free`` bytes free on the filesystem of ``fd``."""
+    st = os.fstatvfs(fd)
     free = st.f_bavail * st.f_frsize
     if free < min_free:
+        whose = (
+            ": the default floor; the configuration's scratch: {min_free: SIZE} changes "
+            "it, 0 turns it off"
+            if default
+            else ""
+        )
         raise ScratchError(
-            f"scratch: {_size(free)} free in {root}, {_size(min_free)} required (min_free); "
-            "free some space or choose another root"
+            f"scratch: {_size(free)} free in {root}, {_size(min_free)} required (min_free)"
+            f"{whose}; free some space or choose another root. Nothing was started"
         )
 
 
@@ -276,13 +369,19 @@ def _size(n: int) -> str:
 
 
 @contextlib.contextmanager
-def scoped(keep: bool, say: Callable[[str], None], root: str | None = None) -> Iterator[Scratch]:
+def scoped(
+    keep: bool,
+    say: Callable[[str], None],
+    root: str | None = None,
+    min_free: int | None = None,
+) -> Iterator[Scratch]:
     """A fresh scratch for one run's scope (what killed runs left in ``root`` swept
     first), removed at the scope's end however it ends, or kept and its path said.
-    Raises :class:`ScratchError`, :class:`UnsafePath` or ``OSError`` if none can be made."""
+    ``min_free``: as :class:`Scratch`'s. Raises :class:`ScratchError`,
+    :class:`UnsafePath` or ``OSError`` if none can be made."""
     root = root or default_root()
     sweep(root)
-    scratch = Scratch(root, keep=keep)
+    scratch = Scratch(root, keep=keep, min_free=min_free)
     try:
         yield scratch
     finally:

@@ -136,8 +136,8 @@ def _assign_unit(st: StackState, u: Unit | TaskUnit) -> None:
         # Only for a unit that has one: secrets and hashlib are ~4 ms of a start.
         from supervisor.scratch import Scratch, ScratchError, default_root, sweep
 
-        root = st.scratch_root or default_root()
         try:
+            root = st.scratch_root or default_root()
             sweep(root)  # what killed runs left
             u.scratch = Scratch(root, keep=spec.scratch.keep, min_free=spec.scratch.min_free)
         except ScratchError as e:

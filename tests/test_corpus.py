@@ -781,7 +781,7 @@ CONFIG_DOCS: list[tuple[str, str | bytes, str]] = [
         "cgroups-typo",
         "cgroup: auto\n",
         "{file}:1: key 'cgroup' is not valid: one of busy_devices, cgroups, compat, devices, "
-        "report, state; did you mean 'cgroups'?",
+        "report, scratch, state; did you mean 'cgroups'?",
     ),
     (
         "report-labels-word",
@@ -796,6 +796,16 @@ CONFIG_DOCS: list[tuple[str, str | bytes, str]] = [
     ),
     ("busy-word", "busy_devices: block\n", "{file}:1: busy_devices 'block' is not valid"),
     ("state-yes", "state: {shared: yes}\n", "{file}:1: state.shared 'yes' is not valid"),
+    (
+        "scratch-size-word",
+        "scratch: {min_free: lots}\n",
+        "{file}:1: scratch.min_free 'lots' is not valid: a size such as 500M",
+    ),
+    (
+        "scratch-typo",
+        "scratch: {min_fre: 1G}\n",
+        "{file}:1: key scratch. 'min_fre' is not valid: min_free; did you mean 'min_free'?",
+    ),
     (
         "compat-typo",
         "compat: {home_token: true}\n",

@@ -19,6 +19,7 @@ PY = sys.executable
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "cache").mkdir()  # XDG_CACHE_HOME must be an existing directory of ours
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path / "cache" / "hold" / "scratch"
 

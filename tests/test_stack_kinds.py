@@ -42,7 +42,9 @@ def stack(base: Path, body: str, name: str = "k") -> Path:
 
 @pytest.fixture(autouse=True)
 def _scratch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Scratch roots under the test's own directory, never the user's cache.
+    # Scratch roots under the test's own directory, never the user's cache
+    # (which must exist: a scratch root is made only in a directory of ours).
+    (tmp_path / "cache").mkdir()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
