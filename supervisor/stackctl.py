@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.errors import SupervisorError
+from supervisor.exitcodes import EXPIRED
 from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line
 from supervisor.stackname import STACK_NAME as STACK_NAME  # the name's rule, for its callers
 from supervisor.stackname import check_stack_name as check_stack_name
@@ -207,10 +209,13 @@ class ControlServer:
         os.close(self._stop_w)
 
 
-class NoAnswer(TimeoutError):
+class NoAnswer(SupervisorError, TimeoutError):
     """The stack did not answer ``op`` within ``waited`` seconds: its supervisor is
     stuck (stopped, or its threads not getting on). ``heard``: the last message it
-    did send for this request (``down``'s ``stopping``), if any."""
+    did send for this request (``down``'s ``stopping``), if any. Exit 124: a time
+    limit ran out."""
+
+    exit_code = EXPIRED
 
     def __init__(self, op: str, waited: float, heard: Message | None) -> None:
         super().__init__(f"the stack did not answer {op!r} in {waited:g} s")
