@@ -74,7 +74,9 @@ def test_forked_scan_finds_descriptors_and_mappings(
     by_map = procs.holder("mmap", nodes[1])["holder"]
     tgts = targets_of(nodes)
     spread = holders.scan(tgts, forks=True)
-    assert len(forks) == 7, forks  # 8 shares: this process and 7 workers
+    # 8 shares: this process and up to 7 workers (a fork the machine refuses
+    # at that moment leaves its share to this process: see the next test).
+    assert 1 <= len(forks) <= 7, forks
     assert {(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= found(spread)
     one = holders.scan(tgts)
     assert found(spread) == found(one)
@@ -115,7 +117,7 @@ def test_batches_whose_worker_failed_are_read_here(
     spread = holders.scan(tgts, forks=True)
     assert {(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= found(spread) == want
     if failure == "worker":
-        assert len(forks) == 7
+        assert 1 <= len(forks) <= 7
         assert sum(map(int, stolen.read_text().split())) > 0
 
 
@@ -140,7 +142,7 @@ def test_forked_scans_from_several_threads_at_once(
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a scan hangs"
-    assert len(got) == 15 and len(forks) == 15 * 7
+    assert len(got) == 15 and 15 <= len(forks) <= 15 * 7
     assert all({(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= g for g in got), got
 
 
