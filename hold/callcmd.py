@@ -35,13 +35,14 @@ import sys
 import time
 from typing import Any
 
+from hold import waits
 from supervisor.exitcodes import EXPIRED, NO, TOOL, USAGE, signalled
 from supervisor.jsonlines import BadJSON, LineBuffer, dumps_line, strict_loads
 
 PROG = "hold call"
 _CANCEL_WAIT_MARGIN = 15.0  # beyond the task's grace, for the stop after a cancel
-ANSWER_WAIT = 5.0  # the stack's first answer (as hold.stackdir.ANSWER_WAIT)
-_RESULT_MARGIN = 15.0  # beyond the task's timeout and grace: the stop, the check, the answer
+ANSWER_WAIT = waits.STACK  # the stack's first answer (as hold.stackdir.ANSWER_WAIT)
+_RESULT_MARGIN = 3 * waits.STACK  # beyond the task's timeout and grace (15 s): stop, check, answer
 _BEATS = 4  # a queued call's stack is silent this many beats: stuck
 
 

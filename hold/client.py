@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from hold import waits
 from hold.errors import HoldError
 from hold.protocol import LineBuffer, Message, ProtocolError, encode
 from hold.statedir import StateDir
@@ -43,7 +44,7 @@ START_TIMEOUT = 10.0
 # well; also the bound of a connect and of a send, and how long a wait that
 # may last goes without a word before the daemon is asked whether it still
 # reads (Client.ping).
-ANSWER_TIMEOUT = 3.0
+ANSWER_TIMEOUT = waits.DAEMON  # 3 s unless HOLD_ANSWER_WAIT says (hold.waits)
 T = TypeVar("T")
 
 

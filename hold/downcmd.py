@@ -33,6 +33,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from hold import waits
 from hold.stackdir import (
     ANSWER_WAIT,
     ask,
@@ -57,7 +58,7 @@ PROG = "hold down"
 _MARGIN = 10.0
 # How long the units of a stack whose supervisor was killed are left to the ticket
 # daemon (it gives each its own grace) before hold down stops what is left itself.
-LIFELINE_WAIT = 20.0
+LIFELINE_WAIT = waits.LIFELINE  # 20 s unless HOLD_ANSWER_WAIT says (hold.waits)
 _OWN_GRACE = 5.0  # the grace of that stop of our own
 
 

@@ -21,6 +21,7 @@ import socket
 import struct
 from typing import Any
 
+from hold import waits
 from hold.protocol import ProtocolError
 from hold.records import LeaseRecord
 from hold.statedir import StateDir
@@ -29,7 +30,7 @@ from supervisor.cgroup import cgroup_dir, v2_mount, within
 from supervisor.identity import ProcessId
 from supervisor.parse import BadValue
 
-TIMEOUT = 2.0  # for the connect, the send and each answer (hold check fails closed after it)
+TIMEOUT = waits.CHECK  # connect, send, each answer (2 s; hold check fails closed after it)
 
 
 def check(sd: StateDir, cls: str) -> tuple[bool, str]:

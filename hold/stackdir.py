@@ -14,6 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from hold import waits
 from supervisor.parse import BadValue
 
 if TYPE_CHECKING:
@@ -82,8 +83,8 @@ def open_sd() -> StateDir:
     return sd
 
 
-ANSWER_WAIT = 5.0  # seconds for a stack's first answer (hold down, restart, call)
-PS_WAIT = 3.0  # hold ps's (the command is done within 5 s)
+ANSWER_WAIT = waits.STACK  # a stack's first answer (hold down, restart, call; 5 s)
+PS_WAIT = waits.PS  # hold ps's (3 s: the command is done within 5 s)
 
 
 def ask(name: str, msg: dict[str, Any], **kw: Any) -> dict[str, Any] | None:
