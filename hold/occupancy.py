@@ -43,7 +43,7 @@ import os
 import threading
 from typing import Any, Literal, NamedTuple
 
-from hold.devices import DeviceClass
+from hold.devices import DeviceClass, node_key
 from hold.holders import Holder, details, device_memory, scan, targets
 from hold.nodewatch import Counted, NodeWatch, WatchUnavailable
 from hold.scancache import ScanCache
@@ -93,7 +93,12 @@ class Occupancy:
             self.trust.clear()
             self.not_watched.clear()
             for name, cls in classes.items():
-                for key, path in zip(keys[name], cls.device_nodes(), strict=False):
+                for path in cls.device_nodes():
+                    # Each path's own key, not zipped with ``keys``: a node gone
+                    # between the two listings would shift every key after it.
+                    key = node_key(path)
+                    if key is None or key not in keys[name]:
+                        continue
                     if key in self.counts or key in self.not_watched:
                         continue
                     if self.watch is None:
