@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,21 +204,26 @@ def loop(argv: list[str], workers: int, per: int, env: dict[str, str]) -> dict[s
     }
 
 
-def daemon_handoffs(log: Path, since: float) -> list[float]:
-    """From the daemon's log (events after ``since``, wall clock): each lease's
-    ``session_ending`` to the next ``granted`` of its class, in ms."""
+def log_events(log: Path, since: float) -> Iterator[tuple[float, dict[str, Any]]]:
+    """The daemon's log events from ``since`` on (wall clock), with their time."""
     import datetime
 
-    gaps: list[float] = []
-    ending: dict[str, float] = {}  # class -> when its last lease began to end
-    cls_of: dict[str, str] = {}  # session -> class
     for line in log.read_text().splitlines():
         if not line.startswith("{"):
             continue  # the daemon's stderr shares its log (a message before it served)
         ev = json.loads(line)
         ts = datetime.datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
-        if ts < since:
-            continue
+        if ts >= since:
+            yield ts, ev
+
+
+def daemon_handoffs(log: Path, since: float) -> list[float]:
+    """From the daemon's log (events after ``since``, wall clock): each lease's
+    ``session_ending`` to the next ``granted`` of its class, in ms."""
+    gaps: list[float] = []
+    ending: dict[str, float] = {}  # class -> when its last lease began to end
+    cls_of: dict[str, str] = {}  # session -> class
+    for ts, ev in log_events(log, since):
         if ev["event"] == "granted":
             cls = "npu"  # the loop's one class
             cls_of[ev["session"]] = cls
@@ -270,17 +276,9 @@ def _children_cpu() -> float:
 
 def grant_checks(log: Path, since: float) -> tuple[dict[str, int], dict[str, int]]:
     """(grants by what proved the device empty, scans by why the count could not answer)."""
-    import datetime
-
     checks: dict[str, int] = {}
     why: dict[str, int] = {}
-    for line in log.read_text().splitlines():
-        if not line.startswith("{"):
-            continue  # the daemon's stderr shares its log (a message before it served)
-        ev = json.loads(line)
-        ts = datetime.datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
-        if ts < since:
-            continue
+    for _ts, ev in log_events(log, since):
         if ev["event"] == "granted":
             checks[ev.get("check", "?")] = checks.get(ev.get("check", "?"), 0) + 1
         elif ev["event"] == "scan_needed":

@@ -15,6 +15,7 @@ opened and mapped like any node, and nothing else on the machine holds them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -108,6 +109,18 @@ def _maps(pid: int, node: Path) -> bool:
     return f" {st.st_ino} " in text and str(node) in text
 
 
+@contextlib.contextmanager
+def daemon_stopped(state: Path) -> Iterator[None]:
+    """The daemon SIGSTOPped meanwhile: nothing reads its event queue."""
+    daemon = daemon_pid(state)
+    assert daemon is not None
+    os.kill(daemon, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+
+
 def refused_for(pid: int) -> None:
     res = run("--no-wait")
     assert res.returncode == 75, (res.returncode, res.stderr)
@@ -149,16 +162,11 @@ def test_two_opens_read_as_one_event_still_block(
     node: Path, state: Path, holders: list[int]
 ) -> None:
     counted_grant(state)
-    daemon = daemon_pid(state)
-    assert daemon is not None
     # With the daemon stopped, nothing reads the queue: two opens in a row
     # are two identical events, which inotify merges unless something lies
     # between them. Then one close: a count of opens would be back at zero.
-    os.kill(daemon, signal.SIGSTOP)
-    try:
+    with daemon_stopped(state):
         pid = slip_in_background("twice", node, holders)
-    finally:
-        os.kill(daemon, signal.SIGCONT)
     refused_for(pid)
     granted_after(pid, state)
 
@@ -189,21 +197,16 @@ def test_a_stray_between_two_grants_is_seen(node: Path, state: Path, holders: li
 
 def test_a_queue_overflow_loses_the_count(node: Path, state: Path, holders: list[int]) -> None:
     counted_grant(state)
-    daemon = daemon_pid(state)
-    assert daemon is not None
     limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
     sibling = node.parent / "sibling"
     sibling.touch()
-    os.kill(daemon, signal.SIGSTOP)
-    try:
+    with daemon_stopped(state):
         # Fill the daemon's queue (the node's directory is watched too), then
         # open the node: that open's events are dropped, and only the
         # overflow says the count is gone.
         for _ in range(limit // 2 + 10):
             os.close(os.open(sibling, os.O_RDONLY))
         pid = slip_in_background("twice", node, holders)
-    finally:
-        os.kill(daemon, signal.SIGCONT)
     refused_for(pid)
     granted_after(pid, state)
 
@@ -232,13 +235,8 @@ def test_opens_through_another_path_are_not_counted_on(
     link = other / "alias"
     os.link(node, link)
     counted_grant(state)
-    daemon = daemon_pid(state)
-    assert daemon is not None
-    os.kill(daemon, signal.SIGSTOP)
-    try:
+    with daemon_stopped(state):
         pid = slip_in_background("twice", link, holders)
-    finally:
-        os.kill(daemon, signal.SIGCONT)
     refused_for(pid)
     granted_after(pid, state)
 
