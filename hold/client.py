@@ -493,18 +493,9 @@ def _daemon_pid(sd: StateDir, sock: Socket | None) -> str:
 
 def _state_hint(pid: str) -> str:
     """Why a daemon may not answer, where its process state says so."""
-    if not pid.isdigit():
-        return ""
-    from supervisor.procscan import stat_of  # only once it did not answer
+    from supervisor.procscan import stall_hint  # only once it did not answer
 
-    st = stat_of(int(pid))
-    if st is None:
-        return ""
-    if st.state in ("T", "t"):
-        return " (its process is stopped: SIGSTOP or a debugger)"
-    if st.state == "D":
-        return " (its process waits in the kernel: a disk or a mount)"
-    return ""
+    return stall_hint(int(pid)) if pid.isdigit() else ""
 
 
 def _about_our_lease(msg: Message) -> bool:

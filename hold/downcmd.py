@@ -199,19 +199,13 @@ def _kill_and_watch(name: str, run_dir: str, pid: int, why: str) -> int:
 def _holds(pid: int, path: str) -> bool:
     """Does ``pid`` have ``path`` open (by device and inode)? The pid written in a
     held lock is believed only then: never a SIGKILL for a reused pid."""
+    from supervisor.procscan import holders_of
+
     try:
-        want = os.stat(path)
-        fds = os.listdir(f"/proc/{pid}/fd")
+        st = os.stat(path)
     except OSError:
         return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
-            return True
-    return False
+    return pid in holders_of({(st.st_dev, st.st_ino)}, [pid])
 
 
 def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[int, int]]]:
@@ -224,14 +218,15 @@ def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[in
     from supervisor.tree import Tree
 
     procs = procscan.snapshot()
-    own = _marker(pid, MARKER.encode())  # an outer tree's, inherited: never ours to stop
+    # An outer tree's marker, inherited by the supervisor: never ours to stop.
+    own = procscan.environ_value(pid, MARKER.encode())
     mount = v2_mount()
     leaves: dict[str, str | None] = {}
     strays: list[tuple[int, int]] = []
     for p in sorted(procscan.descendants([pid], procs)):
         if procs[p].is_dead:
             continue
-        tree_id = _marker(p, MARKER.encode())
+        tree_id = procscan.environ_value(p, MARKER.encode())
         if tree_id is None or tree_id == own:
             strays.append((p, procs[p].starttime))
             continue
@@ -247,19 +242,6 @@ def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[in
         for t, lf in leaves.items()
     ]
     return trees, strays
-
-
-def _marker(pid: int, key: bytes) -> str | None:
-    """The value of ``key`` (``HOLD_TREE``) in the process's initial environment."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    for entry in data.split(b"\0"):
-        if entry.startswith(key + b"="):
-            return entry[len(key) + 1 :].decode(errors="replace")
-    return None
 
 
 def _empty(tree: Tree) -> bool:

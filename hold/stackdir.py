@@ -151,13 +151,10 @@ def supervisor_of(name: str) -> int | None:
 
 
 def stopped_text(pid: int | None) -> str:
-    """``" (stopped: SIGSTOP or a debugger)"`` where the kernel says the process is."""
-    from supervisor.procscan import stat_of
+    """``" (its process is stopped: ...)"`` where the kernel says it is (``""`` else)."""
+    from supervisor.procscan import stall_hint
 
-    st = stat_of(pid) if pid is not None else None
-    return (
-        " (its process is stopped: SIGSTOP or a debugger)" if st and st.state in ("t", "T") else ""
-    )
+    return stall_hint(pid, waiting=False)
 
 
 def not_answering(name: str, pid: int | None, waited: float) -> str:

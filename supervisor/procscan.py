@@ -39,6 +39,21 @@ def stat_of(pid: int) -> Stat | None:
         return None
 
 
+def stall_hint(pid: int | None, *, waiting: bool = True) -> str:
+    """Why a process may not be answering, where its state says so: ``" (its
+    process is stopped: ...)"`` (SIGSTOP, a debugger), or with ``waiting`` also
+    ``" (its process waits in the kernel: ...)"`` (a disk, a mount); else ``""``.
+    For messages about a daemon or a supervisor that did not answer."""
+    st = stat_of(pid) if pid is not None else None
+    if st is None:
+        return ""
+    if st.state in ("T", "t"):
+        return " (its process is stopped: SIGSTOP or a debugger)"
+    if waiting and st.state == "D":
+        return " (its process waits in the kernel: a disk or a mount)"
+    return ""
+
+
 def fds(pid: int | str) -> list[tuple[int, str]]:
     """The open descriptors of ``pid`` (``"self"`` for this process): (number,
     its ``/proc/PID/fd/N`` path, to stat or readlink).
@@ -128,6 +143,20 @@ def environ_has(pid: int, entry: bytes) -> bool | None:
     except OSError:
         return False
     return (b"\0" + entry + b"\0") in (b"\0" + data)
+
+
+def environ_value(pid: int, name: bytes) -> str | None:
+    """``name``'s value in the process's initial environment; None if it has none
+    or may not be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    for entry in data.split(b"\0"):
+        if entry.startswith(name + b"="):
+            return entry[len(name) + 1 :].decode(errors="replace")
+    return None
 
 
 class Node(NamedTuple):
