@@ -7,7 +7,7 @@ A shared machine's speed drifts by more than most changes gain (this VM ran
 1.7 times slower in the evening than in the morning), so a comparison is
 only fair inside one run. ``--before`` is checked out with ``git archive``
 into a temporary directory; both versions run through the same harness
-(``python -c "from hold.entry import ..."`` with ``PYTHONPATH`` at the
+(``python -c "from hold.cli.entry import ..."`` with ``PYTHONPATH`` at the
 version, bytecode compiled first, a node-backed class, each version with its
 own daemon and state directory):
 
@@ -36,8 +36,13 @@ from pathlib import Path
 from bench.run import loadavg, machine, median, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
-NPU = "import sys; from hold.entry import npu_main; sys.exit(npu_main())"
-RUN = "import sys; from hold.entry import main; sys.exit(main(sys.argv[1:]))"
+NPU = "import sys; from {entry} import npu_main; sys.exit(npu_main())"
+RUN = "import sys; from {entry} import main; sys.exit(main(sys.argv[1:]))"
+
+
+def entry_module(code: Path) -> str:
+    """Where a version keeps its console entry points (``hold/entry.py`` before issue 22)."""
+    return "hold.cli.entry" if (code / "hold" / "cli" / "entry.py").exists() else "hold.entry"
 
 
 def checkout(rev: str, into: Path) -> Path:
@@ -53,6 +58,8 @@ def checkout(rev: str, into: Path) -> Path:
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    if (into / "hold" / "cli").is_dir():  # since issue 22: the folder imports as hold_supervisor
+        (into / "supervisor").rename(into / "hold_supervisor")
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="")
     compile_all = [sys.executable, "-m", "compileall", "-q", str(into)]
     subprocess.run(compile_all, check=True, stdout=subprocess.DEVNULL, env=env)
@@ -83,12 +90,12 @@ def start_ups(codes: dict[str, Path], work: Path, runs: int) -> dict[str, list[f
     }
     for name, code in codes.items():
         cmds[f"npu-hold -- true ({name})"] = (
-            [sys.executable, "-c", NPU, "--", "true"],
+            [sys.executable, "-c", NPU.format(entry=entry_module(code)), "--", "true"],
             version_env(code, work / f"s-{name}", True),
             code,
         )
         cmds[f"hold run -- true ({name})"] = (
-            [sys.executable, "-c", RUN, "run", "--", "true"],
+            [sys.executable, "-c", RUN.format(entry=entry_module(code)), "run", "--", "true"],
             version_env(code, work / f"r-{name}", False),
             code,
         )

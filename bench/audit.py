@@ -23,7 +23,7 @@ must say so. Before a crowd starts, the machine's limits (``pid_max``,
 Timed, side by side and interleaved (each round runs every tool once, in a
 rotating order, so a busy second on a shared machine lands on all of them):
 
-* ``hold.holders.scan(targets)`` in this process (the scan alone: in the
+* ``hold.devices.holders.scan(targets)`` in this process (the scan alone: in the
   calling thread, as the daemon runs it; and spread over forked workers, as
   ``hold audit`` runs it);
 * ``hold audit --json`` end to end (interpreter start, configuration, scan,
@@ -69,8 +69,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.run import RESULTS, loadavg, machine, median, ms, summary
-from hold.devices import DeviceClass
-from hold.holders import scan, targets
+from hold.devices.classes import DeviceClass
+from hold.devices.holders import scan, targets
 
 BENCH = Path(__file__).resolve().parent
 CROWD = BENCH / "progs" / "holders.py"

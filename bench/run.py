@@ -48,14 +48,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-import supervisor.stop as stop_mod
-from supervisor.cgroup import CgroupUnavailable, Hierarchy, Leaf
-from supervisor.environ import MARKER, minimal_env
-from supervisor.identity import AccessDenied, NoSuchProcess, ProcessId
-from supervisor.reaper import become_subreaper
-from supervisor.spawn import Child, owned_pids, spawn
-from supervisor.stop import StopReport, reap_adopted, stop_tree
-from supervisor.tree import Tree
+import hold_supervisor.proc.stop as stop_mod
+from hold_supervisor.environ import MARKER, minimal_env
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf
+from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, ProcessId
+from hold_supervisor.proc.reaper import become_subreaper
+from hold_supervisor.proc.stop import StopReport, reap_adopted, stop_tree
+from hold_supervisor.proc.tree import Tree
+from hold_supervisor.spawn.child import Child, owned_pids, spawn
 
 BENCH = Path(__file__).resolve().parent
 TREE_PROG = BENCH / "progs" / "tree.py"
@@ -171,7 +171,7 @@ class PhaseClock:
     stop_tree's report gives only ``grace_used`` (from its call to the end
     of the wait, so it includes the first look at the tree) and ``duration``.
     To say where the time goes, the two private helpers that bound the
-    phases are wrapped at module level in ``supervisor.stop`` (stop_tree
+    phases are wrapped at module level in ``hold_supervisor.proc.stop`` (stop_tree
     looks them up there at each call): ``_wait_tree_empty`` (the grace
     wait) and ``_survivors`` (each survivor check). The wrappers add a
     ``time.monotonic()`` call each, under a microsecond. Nothing in
@@ -350,7 +350,7 @@ def stop_once(
         w = -1
         idents = read_ready(r, total, timeout=60.0)
         wait_settled(idents)
-        # Built as supervisor.foreground.Foreground builds it for hold run.
+        # Built as hold_supervisor.spawn.foreground.Foreground builds it for hold run.
         tree = Tree(
             tree_id=tree_id,
             root=child.ident,
@@ -452,7 +452,9 @@ def bench_stop(
             modes = [m for m in modes if m != "cgroup"]
     clock = PhaseClock()
     if len(clock.installed) < len(PhaseClock.WRAPPED):
-        notes.append(f"phase breakdown partial: only {clock.installed} found in supervisor.stop")
+        notes.append(
+            f"phase breakdown partial: only {clock.installed} found in hold_supervisor.proc.stop"
+        )
     results: list[dict[str, Any]] = []
     for mode in modes:
         if mode == "walk":

@@ -89,7 +89,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from bench.run import loadavg, machine, median, percentile
-from supervisor.cgroup import CgroupUnavailable, Hierarchy
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

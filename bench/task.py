@@ -8,21 +8,21 @@ One task that exits at once (``/bin/true``, on a one-CPU lane), called in
 interleaved rounds (so that noise on a shared machine spreads over all of them):
 
 * **bare**: ``subprocess.run(["/bin/true"])`` -- the spawn and reap alone;
-* **API, cgroup**: :meth:`supervisor.task.TaskRunner.call` of a standalone
+* **API, cgroup**: :meth:`hold_supervisor.task.task.TaskRunner.call` of a standalone
   runner with a cgroup leaf per call (needs a writable cgroup v2: root or a
   delegated subtree; skipped otherwise). Measured twice, because the kernel
   makes the answer depend on pacing: the spawn moves the child into its leaf
   (a write to ``cgroup.procs``), and that write waits for an RCU grace period
   (the cgroup threadgroup lock's slow path, typically ~10 ms) unless another
   move happened a few ms before. The runner therefore keeps a stub parked in
-  the next call's leaf (see :mod:`supervisor.task`). **after idle**: the
+  the next call's leaf (see :mod:`hold_supervisor.task.task`). **after idle**: the
   call follows 25 ms of quiet (sporadic calls, as tool calls come; the
   parked stub is ready); **back-to-back**: it follows another call at once
   (bursts: the stub may still be being replaced, and the call then spawns
   cold, sharing the grace period with that move);
 * **API, walk**: the same without cgroups (the call's tree is found by
   walking ``/proc``: each of the stop's looks lists /proc twice and reads what
-  is not proven older than the call, :mod:`supervisor.proccache`);
+  is not proven older than the call, :mod:`hold_supervisor.proc.cache`);
 * **hold call**: the console script against a running ``hold up`` of the
   same unit (its default, cgroup auto), every ``--cli-every``-th round; with
   ``python3 -c pass`` beside it, the interpreter start any Python CLI pays.
@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.run import loadavg, machine, median, percentile
-from supervisor.cgroup import CgroupUnavailable, Hierarchy
-from supervisor.parse import allowed_cpus
-from supervisor.stackfile import load
-from supervisor.task import TaskRunner
+from hold_supervisor.parse import allowed_cpus
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
+from hold_supervisor.stackfile.load import load
+from hold_supervisor.task.task import TaskRunner
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"

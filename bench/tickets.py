@@ -72,7 +72,7 @@ mode, path, barrier, tree = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] =
 while not os.path.exists(barrier):
     time.sleep(0.001)
 if mode == "daemon":
-    from hold.client import Client
+    from hold.client.connection import Client
     from hold.statedir import open_state_dir
     c = Client.connect(open_state_dir())
     c.open_session()
@@ -80,7 +80,7 @@ if mode == "daemon":
            "grace": 1, "wait": True}
     if tree:
         # As npu-hold registers one: with a cgroup leaf where one can be made.
-        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
         tree_id = os.urandom(6).hex()
         try:
             leaf = Hierarchy.find().create("hold-" + tree_id).path

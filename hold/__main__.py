@@ -1,3 +1,3 @@
-from hold.entry import main
+from hold.cli.entry import main
 
 raise SystemExit(main())

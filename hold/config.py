@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from supervisor.parse import BadValue, did_you_mean
+from hold_supervisor.parse import BadValue, did_you_mean
 
 CGROUP_MODES = ("auto", "off", "required")
 BUSY_MODES = ("wait", "warn")
@@ -23,7 +23,7 @@ BUSY_MODES = ("wait", "warn")
 class Config(NamedTuple):
     path: str | None = None
     cgroups: str = "auto"  # auto: use a cgroup leaf where one can be made
-    # compat: {home_tokens: false} turns off ~/NPU-TOKEN, ~/GPU-TOKEN (hold.records).
+    # compat: {home_tokens: false} turns off ~/NPU-TOKEN, ~/GPU-TOKEN (hold.daemon.records).
     home_tokens: bool = True
     # state: {shared: true}: one daemon for several users (run as root): the
     # state directory is made 0755 and the socket 0666; who may do what is
@@ -39,7 +39,7 @@ class Config(NamedTuple):
     report_sample: float = 30.0
     # scratch: {min_free: SIZE}: the free-space floor of every scratch (hold run
     # --scratch, npu-hold --scratch, a stack unit's without its own min_free);
-    # None: supervisor.scratch.DEFAULT_MIN_FREE; 0: none.
+    # None: hold_supervisor.spawn.scratch.DEFAULT_MIN_FREE; 0: none.
     scratch_min_free: int | None = None
 
 
@@ -104,11 +104,11 @@ SYNONYMS = {
 def parse_file(path: str) -> Config:
     """The configuration in ``path``, every value checked (:class:`BadValue` with file:line).
 
-    Read by :mod:`supervisor.yamlsafe` (bounded depth, size and aliases,
+    Read by :mod:`hold_supervisor.yamlsafe` (bounded depth, size and aliases,
     strict UTF-8, duplicate keys refused), so nothing in it can make a
     command run long, grow large or fail after the daemon was asked.
     """
-    from supervisor.yamlsafe import load_file
+    from hold_supervisor.yamlsafe import load_file
 
     root = load_file(path)
     if root is None:
@@ -141,7 +141,7 @@ def parse_file(path: str) -> Config:
     # The device classes are checked now, whoever reads the file: a typo
     # there is the same error (file:line) for every command, not only those
     # that name a device.
-    from hold.devices import classes_from_config
+    from hold.devices.classes import classes_from_config
 
     classes_from_config(values.get("devices"), path)
     return Config(**values)
@@ -175,8 +175,8 @@ def _flag(node: Any, path: str, section: str, name: str, *, default: bool = Fals
 
 
 def _report(node: Any, path: str) -> dict[str, Any]:
-    """``report: {labels: true|false, sample: DURATION}`` (see :mod:`hold.usage`)."""
-    from supervisor.parse import parse_duration
+    """``report: {labels: true|false, sample: DURATION}`` (see :mod:`hold.daemon.usage`)."""
+    from hold_supervisor.parse import parse_duration
 
     out: dict[str, Any] = {}
     for key, (knode, vnode) in _mapping(node, path, "report").items():
@@ -202,7 +202,7 @@ def _report(node: Any, path: str) -> dict[str, Any]:
 
 def _scratch(node: Any, path: str) -> int | None:
     """``scratch: {min_free: SIZE}`` (``500M``, ``2G``; 0: no floor)."""
-    from supervisor.stackvalues import size
+    from hold_supervisor.stackfile.values import size
 
     out: int | None = None
     for key, (knode, vnode) in _mapping(node, path, "scratch").items():

@@ -1,9 +1,9 @@
-"""The root of every error ``hold`` raises on purpose (see :mod:`supervisor.errors`,
-its counterpart: ``hold.entry`` turns either into an exit status in one place)."""
+"""The root of every error ``hold`` raises on purpose (see :mod:`hold_supervisor.errors`,
+its counterpart: ``hold.cli.entry`` turns either into an exit status in one place)."""
 
 from __future__ import annotations
 
-from supervisor.exitcodes import TOOL
+from hold_supervisor.exitcodes import TOOL
 
 
 class HoldError(Exception):

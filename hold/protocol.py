@@ -5,7 +5,7 @@ Small and text-based on purpose: a person can talk to the daemon with
 taken from a message: the daemon reads it from the socket (``SO_PEERCRED``,
 ``SO_PEERPIDFD``).
 
-Decoded strictly (:mod:`supervisor.jsonlines`): a message is at most
+Decoded strictly (:mod:`hold_supervisor.jsonlines`): a message is at most
 :data:`MAX_MESSAGE` bytes and :data:`MAX_DEPTH` deep, UTF-8 with no lone
 surrogate, no duplicate key and no ``NaN``; anything else is a
 :class:`ProtocolError`, which ends that connection and nothing else.
@@ -17,7 +17,7 @@ import math
 from typing import Any, TypeVar
 
 from hold.errors import HoldError
-from supervisor import jsonlines
+from hold_supervisor import jsonlines
 
 MAX_MESSAGE = jsonlines.MAX_LINE
 MAX_DEPTH = jsonlines.MAX_DEPTH

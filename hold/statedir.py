@@ -3,7 +3,7 @@
 ``HOLD_STATE_DIR``, else the system daemon's ``/run/hold`` when one serves
 there (or the caller is root), else ``$XDG_RUNTIME_DIR/hold`` for a user's
 own daemon -- which still excludes every other arbiter on the machine
-through the kernel locks of :mod:`hold.devlock`. Created 0700 (0755 for the
+through the kernel locks of :mod:`hold.daemon.devlock`. Created 0700 (0755 for the
 shared system daemon). Refused if it is a symlink, or owned by anyone but
 this user or root: a directory another user controls could hand us their
 socket or swap our token files.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 
-from supervisor.parse import BadValue
+from hold_supervisor.parse import BadValue
 
 
 class StateDir:

@@ -1,27 +1,19 @@
 """Process control: spawn isolated, find whole trees, stop them and prove it.
 
-Knows nothing of devices or tickets (``hold`` builds those on top of it).
+This folder installs as the import package ``hold_supervisor`` (pyproject's
+``package-dir``): PyPI's supervisord installs a top-level ``supervisor``, and
+two packages of one name in one environment overwrite each other.
+
+Knows nothing of devices or tickets (``hold`` builds those on top of it, and
+nothing here imports ``hold``). The packages, each one concept:
+
+- :mod:`hold_supervisor.proc`: process identity, ``/proc``, trees, stop and survivors;
+- :mod:`hold_supervisor.spawn`: starting a program isolated, and where its tree lives;
+- :mod:`hold_supervisor.stackfile`: the stack file read strictly into a frozen spec;
+- :mod:`hold_supervisor.stack`: a running stack;
+- :mod:`hold_supervisor.task`: on-demand task units.
+
+The top-level modules are what all of them share: errors, exit codes, strict
+parsers, safe files, JSON lines, YAML, terminal width, signal wakeups, and
+:mod:`hold_supervisor.spawn.foreground` (one command run to its end, ``hold run``'s core).
 """
-
-import os as _os
-
-# The PyPI package "supervisor" (supervisord) installs a top-level package of
-# the same name. In one environment the two merge into one folder without a
-# word, and uninstalling either deletes files of the other. Refuse to run from
-# such a folder (two stats: this runs on every start of npu-hold). Where
-# supervisord was installed after us, its __init__.py has replaced this one:
-# supervisor.identity then finds OURS missing and says the same.
-_HERE = _os.path.dirname(_os.path.abspath(__file__))
-for _name in ("supervisord.py", "supervisorctl.py"):
-    if _os.path.exists(_os.path.join(_HERE, _name)):
-        raise ImportError(
-            f"{_HERE} holds both hold's 'supervisor' package and the PyPI package "
-            f"'supervisor' (supervisord; found {_name}): both install a top-level "
-            "'supervisor' package, and in one environment they overwrite each other. "
-            "Install supervisord in a separate virtual environment (e.g. "
-            "'pipx install supervisor'); here, 'pip uninstall supervisor' and then "
-            "reinstall hold ('pip install --force-reinstall hold'), since the "
-            "uninstall removes files the two share."
-        )
-
-OURS = True  # checked by supervisor.identity: this __init__ is hold's, not supervisord's

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from supervisor.parse import BadValue
+from hold_supervisor.parse import BadValue
 
 DEFAULT_ALLOW: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_*", "TERM", "USER", "TZ")
 MARKER = "HOLD_TREE"

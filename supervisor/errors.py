@@ -8,7 +8,7 @@ Bugs are not in this tree (they stay ``AssertionError`` and friends).
 
 from __future__ import annotations
 
-from supervisor.exitcodes import TOOL
+from hold_supervisor.exitcodes import TOOL
 
 
 class SupervisorError(Exception):

@@ -29,8 +29,8 @@ import math
 import re
 from typing import Any
 
-from supervisor.errors import SupervisorError
-from supervisor.exitcodes import USAGE
+from hold_supervisor.errors import SupervisorError
+from hold_supervisor.exitcodes import USAGE
 
 MAX_LINE = 64 * 1024  # bytes of one line, without its newline
 MAX_DEPTH = 32  # nested arrays and objects; a message object alone is 1

@@ -11,8 +11,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
-from supervisor.errors import SupervisorError
-from supervisor.exitcodes import USAGE
+from hold_supervisor.errors import SupervisorError
+from hold_supervisor.exitcodes import USAGE
 
 # A value quoted in a message is cut to this many characters (its repr), with
 # its full length said: a message names the value, it does not echo a megabyte.

@@ -13,7 +13,7 @@ is opened here, and only here:
   trick as a symlink, and ``O_NOFOLLOW`` does not see it;
 * never truncated before those checks (``open_for_write`` truncates after).
 
-A refusal raises :class:`UnsafePath`, a :class:`~supervisor.parse.BadValue`,
+A refusal raises :class:`UnsafePath`, a :class:`~hold_supervisor.parse.BadValue`,
 with a message that names the path; the command line turns it into exit 2.
 
 Whole-file records are replaced (:func:`write_atomic`): a temp file made with
@@ -29,7 +29,7 @@ import fcntl
 import os
 import stat
 
-from supervisor.parse import BadValue
+from hold_supervisor.parse import BadValue
 
 __all__ = [
     "UnsafePath",

@@ -12,14 +12,14 @@ line of the stack's own: a run of the stack begins, a unit starts or
 restarts, and which restart). ``grep ' err | '`` finds a unit's stderr,
 ``grep ' --- | '`` its runs and restarts. A task unit's log holds JSON lines
 instead (one per call, and one per run of the stack), see
-:mod:`supervisor.calls`.
+:mod:`hold_supervisor.task.calls`.
 
 Rotation renames ``UNIT.log`` to ``UNIT.log.1`` (and ``.1`` to ``.2``, ...)
 once it passes ``max_bytes``, keeping ``keep`` old files, as logrotate would.
 A follower notices the rename (the inode at the path changes, or the file
 shrinks) and continues with the new file.
 
-Opened through :mod:`supervisor.safefile`: a log that is a symlink, a hard
+Opened through :mod:`hold_supervisor.safefile`: a log that is a symlink, a hard
 link or someone else's file is refused (:class:`UnsafePath`) when it is
 opened, and after a rotation what is written is dropped rather than written
 through a link planted meanwhile (:attr:`RotatingLog.refused` says why).
@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from supervisor.safefile import UnsafePath, open_for_append, open_for_read
+from hold_supervisor.safefile import UnsafePath, open_for_append, open_for_read
 
 MAX_BYTES = 10 * 1024 * 1024
 KEEP = 3

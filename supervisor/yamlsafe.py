@@ -22,7 +22,7 @@ bounds below is passed; nothing large is ever built:
 * tags: the standard scalar tags only (str, int, float, bool, null; an
   implicit timestamp is kept as the text written); one document per file.
 
-Every problem is a :class:`YamlError` (a :class:`~supervisor.parse.BadValue`,
+Every problem is a :class:`YamlError` (a :class:`~hold_supervisor.parse.BadValue`,
 so every command already turns it into exit 2), each line of it
 ``FILE:LINE: message``.
 """
@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from supervisor.parse import BadValue, shorten
+from hold_supervisor.parse import BadValue, shorten
 
 MAX_BYTES = 1 << 20  # 1 MiB
 MAX_DEPTH = 64

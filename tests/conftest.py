@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from supervisor import procscan
-from supervisor.cgroup import Hierarchy, Leaf
+from hold_supervisor.proc import scan
+from hold_supervisor.proc.cgroup import Hierarchy, Leaf
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGS = Path(__file__).resolve().parent / "progs"
@@ -71,7 +71,7 @@ def isolated_hold(
     locks.chmod(0o1777)
     monkeypatch.setenv("HOLD_LOCK_DIR", str(locks))
     # A home of its own too: a daemon writes ~/NPU-TOKEN for its own user
-    # in its $HOME (hold.records.home_of), and a test's leases must not meet
+    # in its $HOME (hold.daemon.records.home_of), and a test's leases must not meet
     # another test's there, nor leave lines in root's real home.
     home = tmp_path / "home"
     home.mkdir()
@@ -108,7 +108,7 @@ def cgroup_mode(request: pytest.FixtureRequest, isolated_hold: Path) -> str:
     """Run the test once with cgroup leaves and once with the /proc walk."""
     mode: str = request.param
     if mode == "cgroup":
-        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
         try:
             Hierarchy.find()
@@ -177,7 +177,7 @@ def _make_node(path: Path, rng: random.Random, taken: set[tuple[int, int]]) -> s
 @contextlib.contextmanager
 def fresh_leaf() -> Iterator[Leaf]:
     """A new cgroup leaf of this test's, killed, emptied and removed afterwards;
-    :class:`~supervisor.cgroup.CgroupUnavailable` where none can be made."""
+    :class:`~hold_supervisor.proc.cgroup.CgroupUnavailable` where none can be made."""
     hier = Hierarchy.find()
     leaf = hier.create(f"holdtest-{uuid.uuid4().hex[:12]}")
     try:
@@ -286,7 +286,7 @@ def update_config(base: Path, *, devices: dict[str, Any] | None = None, **top: A
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from supervisor.reaper import become_subreaper
+    from hold_supervisor.proc.reaper import become_subreaper
 
     become_subreaper()
     config.addinivalue_line(
@@ -294,16 +294,14 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _live_descendants() -> list[procscan.Stat]:
-    procs = procscan.snapshot()
-    return [
-        procs[pid] for pid in procscan.descendants([os.getpid()], procs) if not procs[pid].is_dead
-    ]
+def _live_descendants() -> list[scan.Stat]:
+    procs = scan.snapshot()
+    return [procs[pid] for pid in scan.descendants([os.getpid()], procs) if not procs[pid].is_dead]
 
 
 def _reap_adopted_zombies() -> None:
     me = os.getpid()
-    for st in procscan.snapshot().values():
+    for st in scan.snapshot().values():
         if st.ppid == me and st.is_dead:
             try:
                 os.waitpid(st.pid, os.WNOHANG)
@@ -325,7 +323,7 @@ class TestCgroup:
     @classmethod
     def enter(cls) -> TestCgroup | None:
         """Make a cgroup for this test and move pytest into it; None if it cannot be."""
-        from supervisor.cgroup import CgroupUnavailable, Hierarchy
+        from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
         try:
             parent = Hierarchy.find().base
@@ -352,7 +350,7 @@ class TestCgroup:
 
     def leave(self) -> str | None:
         """Move pytest back and remove the test's cgroup; what went wrong, if anything."""
-        from supervisor.cgroup import Leaf
+        from hold_supervisor.proc.cgroup import Leaf
 
         _move_self(self.parent)
         own = Leaf(self.path)
@@ -392,7 +390,7 @@ def no_process_left_behind() -> Iterator[None]:
 
 def _check_leaves(cgroup: TestCgroup) -> None:
     """A leaf left behind is a tree whose end nobody cleaned up: removed, and failed."""
-    from supervisor.cgroup import Leaf
+    from hold_supervisor.proc.cgroup import Leaf
 
     deadline = time.monotonic() + 2.0
     left = cgroup.leaves()
@@ -460,7 +458,7 @@ def wait_for(
 
 
 def alive(pid: int) -> bool:
-    st = procscan.stat_of(pid)
+    st = scan.stat_of(pid)
     return st is not None and not st.is_dead
 
 
@@ -499,7 +497,7 @@ def other_user() -> str:
 
 @pytest.fixture(scope="session")
 def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -> Iterator[Path]:
-    """A world-readable directory holding ``hold``, ``supervisor`` and their dependencies.
+    """A world-readable directory holding ``hold``, ``hold_supervisor`` and their dependencies.
 
     Not under pytest's base directory: every pytest that starts on this machine
     (another user's run, a test's child pytest) makes ``/tmp/pytest-of-root``
@@ -517,8 +515,9 @@ def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -
 
 def _fill_runtime(base: Path) -> Path:
     site = Path(sysconfig.get_paths()["purelib"])
-    for pkg in ("hold", "supervisor"):
-        shutil.copytree(ROOT / pkg, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    # The folder supervisor/ imports as hold_supervisor (pyproject's package-dir).
+    for folder, pkg in (("hold", "hold"), ("supervisor", "hold_supervisor")):
+        shutil.copytree(ROOT / folder, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     deps = (
         "psutil",
         "yaml",

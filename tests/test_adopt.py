@@ -33,7 +33,7 @@ from conftest import (
 )
 from test_audit import audit, audit_json, fake_nodes, row_of
 
-from hold.tokens import read_record
+from hold.daemon.tokens import read_record
 
 BIN = Path(sys.executable).parent
 HOLDER = str(PROGS / "node_holder.py")
@@ -293,9 +293,9 @@ def _uid(pid: int) -> int:
 
 def test_the_daemon_itself_refuses_what_the_client_would(tmp_path: Path) -> None:
     """The rules hold at the daemon, whatever a client sends (pid 1, the asker's parent)."""
-    from hold.client import Client
+    from hold.client.connection import Client
     from hold.statedir import open_state_dir
-    from supervisor.identity import ProcessId
+    from hold_supervisor.proc.identity import ProcessId
 
     fake_nodes(tmp_path)
     client = Client.with_session(open_state_dir())

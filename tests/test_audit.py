@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 from conftest import HOLD, PROGS, alive, as_user, unpriv_python, update_config, wait_for
 
-from hold.tokens import read_record
-from supervisor import procscan
-from supervisor.identity import Stat
+from hold.daemon.tokens import read_record
+from hold_supervisor.proc import scan
+from hold_supervisor.proc.identity import Stat
 
 PY = sys.executable
 HOLDER = str(PROGS / "node_holder.py")
@@ -116,7 +116,7 @@ class Procs:
 
         roles: dict[str, int] = wait_for(ready, 20, 0.02, f"holder {argv}")
         for pid in roles.values():
-            st = procscan.stat_of(pid)
+            st = scan.stat_of(pid)
             if st is not None:
                 self.reported.append(st)
         return roles
@@ -140,7 +140,7 @@ class Procs:
             proc.kill()
             proc.wait()
         for st in self.reported:
-            now = procscan.stat_of(st.pid)
+            now = scan.stat_of(st.pid)
             if now is not None and now.starttime == st.starttime and not now.is_dead:
                 try:
                     os.kill(st.pid, signal.SIGKILL)
@@ -250,7 +250,7 @@ def user_python(user: str, runtime: Path) -> str:
     """A Python that ``user`` may run through :func:`as_user` (``env -i`` then exec)."""
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
-            as_user(user, [cand, "-c", "import hold.audit"], runtime, {}),
+            as_user(user, [cand, "-c", "import hold.views.audit"], runtime, {}),
             capture_output=True,
             timeout=30,
         )
@@ -269,7 +269,7 @@ def test_covered_holders_direct_and_setsid_escapee(
     nodes = fake_nodes(tmp_path)
     direct = procs.holder("fd", nodes[0], lease="fake:0")
     escapee = procs.holder("fd", nodes[1], "--escape", lease="fake:1")
-    esc, main = procscan.stat_of(escapee["holder"]), procscan.stat_of(escapee["main"])
+    esc, main = scan.stat_of(escapee["holder"]), scan.stat_of(escapee["main"])
     assert esc is not None and main is not None
     assert esc.session != main.session and esc.ppid != main.pid  # it left
 
@@ -287,7 +287,7 @@ def test_covered_holders_direct_and_setsid_escapee(
         # The lease's client is no subreaper here: the escapee's parent is
         # pytest, and only the lease's cgroup leaf still ties it to the lease.
         assert lease0["leaves"] and lease1["leaves"]
-        assert procscan.ancestors(escapee["holder"])[0].pid == os.getpid()
+        assert scan.ancestors(escapee["holder"])[0].pid == os.getpid()
         assert r1["why"] == "in the lease's cgroup"
     else:
         # Without a cgroup the client is a child subreaper: the escapee is its child.
@@ -504,7 +504,7 @@ def test_json_schema(tmp_path: Path, procs: Procs) -> None:
         assert r["how"] in ("fd", "mmap") and r["cls"] == "fake"
         assert r["device"] == f"fake:{r['index']}" and r["rss_bytes"] > 0
         assert r["age_s"] >= 0 and r["user"] == pwd.getpwuid(r["uid"]).pw_name
-        assert r["starttime"] == procscan.stat_of(r["pid"]).starttime  # type: ignore[union-attr]
+        assert r["starttime"] == scan.stat_of(r["pid"]).starttime  # type: ignore[union-attr]
     c, s = row_of(doc, covered["holder"]), row_of(doc, stray["holder"])
     lease = lease_of(0)
     assert (c["covered"], c["lease"], c["label"]) == (True, lease["lease"], lease["label"])
@@ -605,9 +605,9 @@ def test_bad_input_exits_2(tmp_path: Path, procs: Procs, args: list[str], says: 
     ],
 )
 def test_plain_options_read_as_click_reads_them(args: list[str]) -> None:
-    """hold.entry reads these without click (start-up time); click would read them alike."""
-    from hold.auditcmd import plain_args
-    from hold.cli import cli
+    """hold.cli.entry reads these without click (start-up time); click would read them alike."""
+    from hold.cli.audit import plain_args
+    from hold.cli.group import cli
 
     assert plain_args(args) == cli.commands["audit"].make_context("audit", list(args)).params
 
@@ -616,6 +616,6 @@ def test_plain_options_read_as_click_reads_them(args: list[str]) -> None:
     "args", [["--help"], ["-h"], ["--bogus"], ["--device"], ["--grace", "-1"], ["--json=1"], ["x"]]
 )
 def test_help_and_errors_are_clicks(args: list[str]) -> None:
-    from hold.auditcmd import plain_args
+    from hold.cli.audit import plain_args
 
     assert plain_args(args) is None

@@ -26,9 +26,9 @@ import pytest
 from conftest import as_user, wait_for
 from test_audit import Procs, fake_nodes, open_to_others, user_holder, user_python
 
-from hold import holders
-from hold.devices import DeviceClass
-from supervisor import procscan
+from hold.devices import holders
+from hold.devices.classes import DeviceClass
+from hold_supervisor.proc import scan as procscan
 
 
 @pytest.fixture
@@ -148,8 +148,8 @@ def test_forked_scans_from_several_threads_at_once(
 
 SCAN_AS = """
 import json, os, sys
-from hold import holders
-from hold.devices import DeviceClass
+from hold.devices import holders
+from hold.devices.classes import DeviceClass
 holders.PER_FORK = 1
 os.sched_getaffinity = lambda _pid: set(range(8))
 tgts = holders.targets({"fake": DeviceClass("fake", tuple(sys.argv[1:]))})
@@ -183,8 +183,8 @@ def test_forked_workers_count_what_they_may_not_read(
 
 INTERRUPTED = """
 import os, sys
-from hold import holders
-from hold.devices import DeviceClass
+from hold.devices import holders
+from hold.devices.classes import DeviceClass
 holders.PER_FORK = 1
 os.sched_getaffinity = lambda _pid: set(range(8))
 tgts = holders.targets({"fake": DeviceClass("fake", (sys.argv[1],))})

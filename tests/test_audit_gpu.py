@@ -3,7 +3,7 @@
 A CUDA process holding memory must appear with the same pid and the same
 device memory that NVML reports for it; one started under ``gpu-hold`` is
 covered by its lease, one started outside is STRAY. NVML's own answers come
-from nvidia-ml-py (where installed), not from hold.nvml, which they check.
+from nvidia-ml-py (where installed), not from hold.devices.nvml, which they check.
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def test_gpu_hold_covers_and_outside_is_stray(tmp_path: Path) -> None:
 
 
 def test_nvml_module_matches_nvidia_ml_py() -> None:
-    """hold.nvml (ctypes) tells what nvidia-ml-py tells: minor, UUID, PCI bus id."""
-    from hold import nvml
+    """hold.devices.nvml (ctypes) tells what nvidia-ml-py tells: minor, UUID, PCI bus id."""
+    from hold.devices import nvml
 
     pynvml = pytest.importorskip("pynvml")
     pynvml.nvmlInit()

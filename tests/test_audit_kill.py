@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import HOLD, alive, holds_node, wait_for
 
-from supervisor import procscan
+from hold_supervisor.proc import scan
 
 
 def _fake_node(tmp_path: Path) -> Path:
@@ -50,13 +50,13 @@ class Pair:
         self.parent = self.proc.pid
 
         def child() -> int | None:
-            for st in procscan.snapshot().values():
+            for st in scan.snapshot().values():
                 if st.ppid == self.parent and not st.is_dead and holds_node(st.pid, node):
                     return st.pid
             return None
 
         def parent() -> bool:
-            st = procscan.stat_of(self.parent)
+            st = scan.stat_of(self.parent)
             return st is not None and st.comm == "sleep" and holds_node(self.parent, node)
 
         self.child: int = wait_for(child, 10, 0.02, "the child stray")
@@ -159,7 +159,7 @@ def test_a_daemon_that_does_not_answer_makes_the_audit_stop_nothing(tmp_path: Pa
     )
     try:
         holder = wait_for(
-            lambda: next((p for p in procscan.pids() if holds_node(p, node)), None),
+            lambda: next((p for p in scan.pids() if holds_node(p, node)), None),
             20,
             what="the lease's command to hold the node",
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import HOLD, PROGS, wait_for
 
-from hold.tokens import render
+from hold.daemon.tokens import render
 
 HOLDER = str(PROGS / "node_holder.py")
 

@@ -30,13 +30,13 @@ from typing import NamedTuple
 
 from conftest import HOLD, stop_daemon
 
-from supervisor.parse import BadValue, allowed_cpus
-from supervisor.stackfile import StackFileError
+from hold_supervisor.parse import BadValue, allowed_cpus
+from hold_supervisor.stackfile.load import StackFileError
 
 NPU_HOLD = [
     sys.executable,
     "-c",
-    "import sys; from hold.entry import npu_main; sys.exit(npu_main())",
+    "import sys; from hold.cli.entry import npu_main; sys.exit(npu_main())",
 ]
 OUTSIDE = max(allowed_cpus()) + 1  # a CPU this process may not use
 
@@ -608,7 +608,7 @@ def write_doc(path: Path, doc: str | bytes, marker: Path) -> Path:
 
 def test_stack_files_read_in_process(tmp_path: Path) -> None:
     """Every stack row through the loader every command uses (the hold layer's checks too)."""
-    from hold.stackcmd import load_checked
+    from hold.cli.stack import load_checked
 
     failures = []
     for i, (rid, doc, expect) in enumerate(STACK_DOCS):

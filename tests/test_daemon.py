@@ -37,8 +37,8 @@ from conftest import (
     write_config,
 )
 
-from hold.tokens import read_record
-from supervisor import procscan
+from hold.daemon.tokens import read_record
+from hold_supervisor.proc import scan
 
 PY = sys.executable
 BIN = Path(sys.executable).parent
@@ -195,7 +195,7 @@ def wait_nasty_ready(ready: Path, timeout: float = 20) -> list[int]:
 
 def holders_of_file(path: Path) -> dict[int, Any]:
     st = os.stat(path)
-    return procscan.holders_of({(st.st_dev, st.st_ino)}, procscan.pids())
+    return scan.holders_of({(st.st_dev, st.st_ino)}, scan.pids())
 
 
 def assert_tree_gone(pids: list[int], device: Path) -> None:
@@ -590,7 +590,7 @@ def test_forged_command_line_and_environment_do_not_pass(tmp_path: Path, clients
 
 
 def test_daemonised_descendant_passes_by_cgroup(tmp_path: Path, clients: Clients) -> None:
-    from supervisor.cgroup import CgroupUnavailable, Hierarchy
+    from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
     try:
         Hierarchy.find()
@@ -618,7 +618,7 @@ def user_python(user: str, runtime: Path) -> str:
     path under a 0700 directory does not do, though setpriv alone could exec it)."""
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
-            as_user(user, [cand, "-c", "import hold.runcmd, hold.cli"], runtime, {}),
+            as_user(user, [cand, "-c", "import hold.cli.run, hold.cli.group"], runtime, {}),
             capture_output=True,
             timeout=30,
         )
@@ -712,7 +712,7 @@ def test_token_file_and_the_commands_environment(
     command_pid = int((tmp_path / "H.ready").read_text())
     assert rec["lease"] == lease and rec["cls"] == cls and rec["devices"] == [0]
     assert rec["holder_pid"] == h.pid
-    assert rec["holder_start"] == procscan.stat_of(h.pid).starttime  # type: ignore[union-attr]
+    assert rec["holder_start"] == scan.stat_of(h.pid).starttime  # type: ignore[union-attr]
     assert rec["uid"] == os.getuid() and rec["command_pid"] == command_pid
     assert rec["granted"] <= time.time() < rec["expires"]
     env = json.loads((tmp_path / "H.env").read_text())
@@ -850,7 +850,7 @@ def test_hold_run_sigkilled_daemon_stops_its_tree(
     assert [e["reason"] for e in daemon_events() if e["event"] == "session_ending"] == ["lifeline"]
     assert len(stopped) == 1 and stopped[0]["outcome"] == "killed", stopped
     assert stopped[0]["survivors"] == []
-    assert int(port.read_text()) not in {ln.port for ln in procscan.listeners().values()}
+    assert int(port.read_text()) not in {ln.port for ln in scan.listeners().values()}
 
 
 def test_an_idle_daemon_leaves_and_the_next_client_starts_another(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ subprocess timeout; the wall time is checked against the command's target
 plus a margin for a loaded machine (these are deadlines, not benchmarks), and
 so are the exit status, the message (the daemon, its state directory, how
 long it was given) and the absence of a traceback. The daemon's answer time
-(hold.client.ANSWER_TIMEOUT) is 3 s; ``hold check``'s is 2 s.
+(hold.client.connection.ANSWER_TIMEOUT) is 3 s; ``hold check``'s is 2 s.
 """
 
 from __future__ import annotations

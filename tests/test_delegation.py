@@ -34,7 +34,7 @@ import pytest
 import yaml
 from conftest import HOLD, alive, as_user, stop_daemon, unpriv_python, wait_for
 
-from supervisor.cgroup import CgroupUnavailable, Hierarchy, Leaf, own_cgroup, v2_mount
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf, own_cgroup, v2_mount
 
 DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
 
@@ -125,7 +125,7 @@ def _events(state: Path) -> list[dict[str, Any]]:
 def _user_python(user: str, runtime: Path) -> str:
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
-            as_user(user, [cand, "-c", "import hold.runcmd"], runtime, {}),
+            as_user(user, [cand, "-c", "import hold.cli.run"], runtime, {}),
             capture_output=True,
             timeout=30,
         )

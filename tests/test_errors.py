@@ -1,5 +1,5 @@
 """One root of errors per package (as psutil has one), and one place that turns
-them into exit statuses (``hold.entry.main``)."""
+them into exit statuses (``hold.cli.entry.main``)."""
 
 from __future__ import annotations
 
@@ -10,28 +10,29 @@ import pkgutil
 import pytest
 
 import hold
-import supervisor
+import hold_supervisor
 from hold.errors import HoldError
-from supervisor.errors import SupervisorError
-from supervisor.exitcodes import TOOL, USAGE
+from hold_supervisor.errors import SupervisorError
+from hold_supervisor.exitcodes import TOOL, USAGE
 
 # Not errors but control flow (a signal arrived) or bugs (a transition the
 # code must never make): deliberately outside the trees.
 OUTSIDE = {
-    "hold.interrupt.Interrupted",
-    "hold.callcmd._Interrupted",
-    "supervisor.states.BadTransition",
+    "hold.cli.interrupt.Interrupted",
+    "hold.cli.call._Interrupted",
+    "hold_supervisor.states.BadTransition",
     # Internal signals that never leave their caller: spawn turns a failed
     # chdir into a SpawnError; a stack file the plain reader doubts is read
     # again by the models, which word the refusal.
-    "supervisor.intoleaf.ChdirFailed",
-    "supervisor.stackplain.GiveUp",
+    "hold_supervisor.spawn.intoleaf.ChdirFailed",
+    "hold_supervisor.stackfile.plain.GiveUp",
 }
 
 
 def _exceptions(package: object, root: type) -> list[tuple[str, type]]:
     out = []
-    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):  # type: ignore[attr-defined]
+    path = package.__path__  # type: ignore[attr-defined]
+    for info in pkgutil.walk_packages(path, package.__name__ + "."):
         if info.name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
@@ -41,18 +42,20 @@ def _exceptions(package: object, root: type) -> list[tuple[str, type]]:
     return out
 
 
-@pytest.mark.parametrize(("package", "root"), [(hold, HoldError), (supervisor, SupervisorError)])
+@pytest.mark.parametrize(
+    ("package", "root"), [(hold, HoldError), (hold_supervisor, SupervisorError)]
+)
 def test_every_error_has_its_packages_root(package: object, root: type) -> None:
     found = _exceptions(package, root)
-    assert len(found) >= 5
+    assert len(found) >= 10  # every package walked, its subpackages too
     stray = [name for name, cls in found if name not in OUTSIDE and not issubclass(cls, root)]
     assert not stray, f"errors outside the package roots: {stray}"
 
 
 def test_exit_codes_come_with_the_errors() -> None:
-    from hold.client import ConfigMismatch, DaemonUnreachable
-    from supervisor.parse import BadValue
-    from supervisor.safefile import UnsafePath
+    from hold.client.connection import ConfigMismatch, DaemonUnreachable
+    from hold_supervisor.parse import BadValue
+    from hold_supervisor.safefile import UnsafePath
 
     assert BadValue("x", "y", "z").exit_code == USAGE
     assert issubclass(UnsafePath, BadValue)  # so exit 2 too
@@ -63,7 +66,7 @@ def test_exit_codes_come_with_the_errors() -> None:
 def test_entry_turns_an_error_into_its_exit_status(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hold.entry import main
+    from hold.cli.entry import main
 
     # A state directory that is not one: refused deep down, exit 2 and one line.
     monkeypatch.setenv("HOLD_STATE_DIR", "relative/dir")

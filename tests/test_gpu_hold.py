@@ -52,7 +52,7 @@ def gpu_class(isolated_hold: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]
     path = isolated_hold / "gpu-config.yaml"
     path.write_text(CONFIG)
     monkeypatch.setenv("HOLD_CONFIG", str(path))
-    from hold.devices import DeviceClass
+    from hold.devices.classes import DeviceClass
 
     return DeviceClass("gpu", ("/dev/nvidia[0-9]*",)).device_nodes()
 
@@ -121,7 +121,7 @@ def stop(p: subprocess.Popen[str]) -> None:
 def test_cuda_visible_devices_is_the_leased_gpus_uuid(
     gpu_class: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hold.gpuids import nvidia_minor
+    from hold.devices.gpuids import nvidia_minor
 
     py = torch_python()
     uuids = uuid_by_minor()
@@ -145,7 +145,7 @@ def test_cuda_visible_devices_is_the_leased_gpus_uuid(
 def test_cuda_holder_outside_any_lease_blocks_and_is_named(
     gpu_class: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hold.gpuids import nvidia_minor
+    from hold.devices.gpuids import nvidia_minor
 
     py = torch_python()
     minor = nvidia_minor(gpu_class[0])
@@ -168,8 +168,8 @@ def test_cuda_holder_outside_any_lease_blocks_and_is_named(
 def test_no_wait_on_a_free_gpu_is_granted(
     gpu_class: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hold.devices import DeviceClass
-    from hold.occupancy import holders_of
+    from hold.daemon.occupancy import holders_of
+    from hold.devices.classes import DeviceClass
 
     uuid_by_minor()  # NVML there, or skip: the UUID is what is checked
     cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))

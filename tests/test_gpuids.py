@@ -1,5 +1,5 @@
-"""hold.gpuids without a GPU: CUDA_VISIBLE_DEVICES as CUDA reads it, the UUIDs a
-command is given (NVML stood in for by a fake ``hold.nvml.gpus``), and which devices a
+"""hold.devices.gpuids without a GPU: CUDA_VISIBLE_DEVICES as CUDA reads it, the UUIDs a
+command is given (NVML stood in for by a fake ``hold.devices.nvml.gpus``), and which devices a
 caller inside an allocation may lease (nodes it may not open, a restricting
 variable).
 
@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import as_user, unpriv_python
 
-import hold.nvml
-from hold import gpuids
-from hold.devices import DeviceClass
-from hold.gpuids import nvidia_minor, parse_visible, usable_indices, visible_env
-from hold.nvml import NvGpu
+import hold.devices.nvml
+from hold.devices import gpuids
+from hold.devices.classes import DeviceClass
+from hold.devices.gpuids import nvidia_minor, parse_visible, usable_indices, visible_env
+from hold.devices.nvml import NvGpu
 
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
@@ -36,22 +36,24 @@ GPUS = {
 
 
 def fake_gpus(gpus: dict[int, tuple[str, str]]) -> Callable[[], list[NvGpu]]:
-    """``hold.nvml.gpus`` on a machine with these GPUs."""
+    """``hold.devices.nvml.gpus`` on a machine with these GPUs."""
     order = sorted(gpus, reverse=True)  # NVML's index order: neither minors' nor the bus's
     return lambda: [NvGpu(m, *gpus[m]) for m in order]
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hold.nvml, "gpus", fake_gpus(GPUS))
+    monkeypatch.setattr(hold.devices.nvml, "gpus", fake_gpus(GPUS))
 
 
 @pytest.fixture
 def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_library() -> None:
-        raise OSError(f"{hold.nvml.LIBRARY}: cannot open shared object file")
+        raise OSError(f"{hold.devices.nvml.LIBRARY}: cannot open shared object file")
 
-    monkeypatch.setattr(hold.nvml, "load", no_library)  # no driver: hold.nvml.gpus() is None
+    monkeypatch.setattr(
+        hold.devices.nvml, "load", no_library
+    )  # no driver: hold.devices.nvml.gpus() is None
 
 
 @pytest.fixture
@@ -154,7 +156,7 @@ def test_visible_env_nvml_missing_a_gpu_falls_back_to_bus_order(
     # NVML reads minors 0 and 1 only: minor 2 has no UUID, so ordinals, in bus
     # order (minor 1 is on bus 0x18, minor 0 on 0x3b). A GPU NVML cannot read
     # is one CUDA cannot use either: left out.
-    monkeypatch.setattr(hold.nvml, "gpus", fake_gpus({m: GPUS[m] for m in (0, 1)}))
+    monkeypatch.setattr(hold.devices.nvml, "gpus", fake_gpus({m: GPUS[m] for m in (0, 1)}))
     cls = nv_class(nv_nodes)
     assert visible_env(cls, [0])["CUDA_VISIBLE_DEVICES"] == GPUS[0][0]
     assert visible_env(cls, [2, 0])["CUDA_VISIBLE_DEVICES"] == "1"
@@ -272,8 +274,8 @@ def test_usable_as_a_user_who_may_not_open_a_node(
     for i in range(3):
         os.chmod(tmp_path / f"fakedev{i}", 0o600 if i == 1 else 0o666)
     code = (
-        "import json, sys; from hold.devices import DeviceClass; "
-        "from hold.gpuids import usable_indices; "
+        "import json, sys; from hold.devices.classes import DeviceClass; "
+        "from hold.devices.gpuids import usable_indices; "
         f"c = DeviceClass('fake', ({cls.nodes[0]!r},), (), ('CUDA_VISIBLE_DEVICES',)); "
         "print(json.dumps([usable_indices(c, {}), usable_indices(c, {'CUDA_VISIBLE_DEVICES': '1'}),"
         " len(c.device_nodes())]))"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, wait_for
 
-from hold import devlock
-from hold.devices import node_key
+from hold.daemon import devlock
+from hold.devices.classes import node_key
 
 NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
 GATED = str(PROGS / "gated.py")
@@ -121,7 +121,7 @@ def test_two_paths_to_one_node_are_one_device(tmp_path: Path) -> None:
 
 
 def test_the_leaf_is_made_when_the_lease_is_granted_not_before_the_wait(tmp_path: Path) -> None:
-    from supervisor.cgroup import CgroupUnavailable, Hierarchy
+    from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
     try:
         base = Hierarchy.find().base
@@ -172,7 +172,7 @@ def _pid_as_scripts_read_it(first_line: str) -> int:
 
 @pytest.mark.parametrize("label", ["run pid 1 of 3", "pid", "a\tpid 1", "100% ünï", "x pid"])
 def test_no_label_forges_the_token_line(tmp_path: Path, label: str) -> None:
-    from hold.tokens import line_label, read_record
+    from hold.daemon.tokens import line_label, read_record
 
     node = tmp_path / "accel0"
     node.write_text("")

@@ -116,9 +116,9 @@ def test_an_end_stops_a_tree_still_in_its_leaf_and_does_not_walk_one_whose_leaf_
     """``end`` from the holder: a tree whose leaf still has a process is stopped
     by the daemon (the holder may not have); one whose leaf is empty and gone
     was stopped by the holder and is not walked again (issue 13's handoff)."""
-    from supervisor.cgroup import CgroupUnavailable, Hierarchy
-    from supervisor.environ import minimal_env
-    from supervisor.spawn import spawn
+    from hold_supervisor.environ import minimal_env
+    from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
+    from hold_supervisor.spawn.child import spawn
 
     try:
         hier = Hierarchy.find()

@@ -14,7 +14,7 @@ traceback, if it died), and reported together at the end of the test; a
 daemon that died is replaced (the holder re-attaches to the one it starts)
 so that the rest of the corpus is still tried.
 
-The unit tests at the end cover :mod:`supervisor.jsonlines` itself, the
+The unit tests at the end cover :mod:`hold_supervisor.jsonlines` itself, the
 stack's control socket and ``hold call --json-args``.
 """
 
@@ -38,11 +38,11 @@ from typing import Any
 import pytest
 from conftest import HOLD, alive, daemon_pid, wait_for
 
-from hold.callcmd import parse_args
+from hold.cli.call import parse_args
+from hold.daemon.tokens import read_record
 from hold.protocol import MAX_DEPTH, MAX_MESSAGE, LineBuffer, ProtocolError
-from hold.tokens import read_record
-from supervisor import jsonlines
-from supervisor.jsonlines import BadJSON, strict_loads
+from hold_supervisor import jsonlines
+from hold_supervisor.jsonlines import BadJSON, strict_loads
 
 ANSWER_WAIT = 5.0  # seconds a healthy daemon may take to answer one exchange
 TREE = "0123456789abcdef"  # a well-formed tree id that names no process anywhere
@@ -997,7 +997,7 @@ def _hold_status(lab: Lab) -> str | None:
 
 
 # --------------------------------------------------------------------------
-# supervisor.jsonlines itself.
+# hold_supervisor.jsonlines itself.
 
 
 @pytest.mark.parametrize(
@@ -1129,7 +1129,7 @@ def test_hold_protocol_keeps_its_names() -> None:
 
 
 def test_stack_control_socket_refuses_bad_lines(tmp_path: Path) -> None:
-    from supervisor.stackctl import ControlServer, Reply, request
+    from hold_supervisor.stack.controlsock import ControlServer, Reply, request
 
     seen: list[dict[str, Any]] = []
 

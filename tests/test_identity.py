@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import alive, as_user, unpriv_python, wait_for
 
-from supervisor import procscan
-from supervisor.cgroup import within
-from supervisor.identity import (
+from hold_supervisor.proc import scan as procscan
+from hold_supervisor.proc.cgroup import within
+from hold_supervisor.proc.identity import (
     Handle,
     NoSuchProcess,
     ProcessId,
@@ -223,7 +223,7 @@ def _user_python(user: str, runtime: Path) -> str:
     """
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
-            as_user(user, [cand, "-c", "import supervisor.identity"], runtime, {}),
+            as_user(user, [cand, "-c", "import hold_supervisor.proc.identity"], runtime, {}),
             capture_output=True,
             timeout=30,
         )
@@ -236,7 +236,7 @@ def _user_python(user: str, runtime: Path) -> str:
 # reports, for each, which exception it got.
 _PROBE = r"""
 import json, signal, sys
-from supervisor.identity import AccessDenied, NoSuchProcess, ProcessId
+from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, ProcessId
 out = {}
 for name, pid, start in json.loads(sys.argv[1]):
     try:

@@ -2,7 +2,7 @@
 cannot be (another thread alive), both ending in the same place.
 
 The spawn tests (tests/test_spawn.py) run every cgroup case through
-:func:`supervisor.spawn.spawn`; in this single-threaded test process that is
+:func:`hold_supervisor.spawn.child.spawn`; in this single-threaded test process that is
 the clone3 path. Here: that it *is* taken, where it is not, and what the
 child must never do between the clone and its exec (run one of our signal
 handlers, keep a descriptor, outlive a failed exec).
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from conftest import fresh_leaf
 
-from supervisor import intoleaf
-from supervisor.cgroup import CgroupUnavailable, Leaf, v2_mount
-from supervisor.environ import minimal_env
-from supervisor.spawn import SpawnError, spawn
+from hold_supervisor.environ import minimal_env
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Leaf, v2_mount
+from hold_supervisor.spawn import intoleaf
+from hold_supervisor.spawn.child import SpawnError, spawn
 
 
 @pytest.fixture

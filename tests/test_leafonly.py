@@ -22,13 +22,14 @@ from pathlib import Path
 import pytest
 from conftest import alive, fresh_leaf, wait_for
 
-from supervisor import proccache, procscan
-from supervisor.cgroup import CgroupUnavailable, Hierarchy, Leaf
-from supervisor.environ import minimal_env
-from supervisor.identity import ProcessId, Stat
-from supervisor.spawn import Child, owned_pids, spawn
-from supervisor.stop import stop_tree
-from supervisor.tree import Tree
+from hold_supervisor.environ import minimal_env
+from hold_supervisor.proc import cache as proccache
+from hold_supervisor.proc import scan as procscan
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf
+from hold_supervisor.proc.identity import ProcessId, Stat
+from hold_supervisor.proc.stop import stop_tree
+from hold_supervisor.proc.tree import Tree
+from hold_supervisor.spawn.child import Child, owned_pids, spawn
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ class _Walks:
 
         monkeypatch.setattr(procscan, "pids", counted_pids)
         monkeypatch.setattr(proccache, "listing", counted_listing)
-        monkeypatch.setattr("supervisor.tree.listing", counted_listing)
+        monkeypatch.setattr("hold_supervisor.proc.tree.listing", counted_listing)
         monkeypatch.setattr(procscan, "stat_of", counted_stat)
 
 
@@ -207,7 +208,7 @@ def test_a_reused_pid_is_read_again_by_the_confirming_look(
     """The confirming look reads only what is new since the first -- by name
     and by the inode number /proc lists it under. A pid listed under another
     number is another process (procfs numbers each /proc/PID afresh; see
-    supervisor.proccache): it is read. Here the first look's answer is given
+    hold_supervisor.proc.cache): it is read. Here the first look's answer is given
     a made-up number for a process that started after it, at a pid the look
     already knew: the confirming look must find it."""
     tree_id = f"t-{uuid.uuid4().hex[:12]}"

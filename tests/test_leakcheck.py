@@ -40,7 +40,7 @@ def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
 
 def _need_cgroup() -> str:
     """The cgroup this test runs in (its own, made by conftest), or skip."""
-    from supervisor.cgroup import CgroupUnavailable, Hierarchy
+    from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
     try:
         return Hierarchy.find().base
@@ -57,7 +57,7 @@ def test_leak_check_catches_a_cgroup_leaf(tmp_path: Path) -> None:
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_leaks.py").write_text(
         "from pathlib import Path\n"
-        "from supervisor.cgroup import Hierarchy\n"
+        "from hold_supervisor.proc.cgroup import Hierarchy\n"
         "def test_leaks():\n"
         "    leaf = Hierarchy.find().create('hold-leakcheck0001')\n"
         f"    Path({str(tmp_path / 'leaf')!r}).write_text(leaf.path)\n"
@@ -83,7 +83,7 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
     ``hold`` would: beside the child pytest, under the cgroup it was started in.
     The child's check passes a test that made no leaf, fails one that did (naming
     that leaf alone), and leaves the other user's (empty) leaf where it is."""
-    from supervisor.cgroup import Hierarchy
+    from hold_supervisor.proc.cgroup import Hierarchy
 
     here = _need_cgroup()
     ready, made = tmp_path / "ready", tmp_path / "made"
@@ -91,7 +91,7 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
     (tmp_path / "test_others.py").write_text(
         "import time\n"
         "from pathlib import Path\n"
-        "from supervisor.cgroup import Hierarchy\n"
+        "from hold_supervisor.proc.cgroup import Hierarchy\n"
         "def test_1_meanwhile_someone_else_makes_a_leaf():\n"
         f"    Path({str(ready)!r}).write_text(Hierarchy.find().base)\n"
         "    deadline = time.monotonic() + 20\n"

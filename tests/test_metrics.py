@@ -107,7 +107,7 @@ def test_metrics_match_status(tmp_path: Path) -> None:
 
 
 def test_render_escapes_label_values() -> None:
-    from hold.metrics import render
+    from hold.views.metrics import render
 
     ans = {
         "classes": {'we"ird\\cls': {"devices": [{"index": 0, "holder": None}], "queue": []}},

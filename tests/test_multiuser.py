@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from conftest import HOLD, alive, as_user, unpriv_python, wait_for
 
-from hold import devlock
-from hold.devices import node_key
+from hold.daemon import devlock
+from hold.devices.classes import node_key
 from hold.statedir import system_serves
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making users needs root")
@@ -504,7 +504,7 @@ def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
 
 
 def _token(ns: Namespace) -> dict[str, Any] | None:
-    from hold.tokens import read_record
+    from hold.daemon.tokens import read_record
 
     return read_record(str(ns.path("/run/hold/npu-0.token")))
 
@@ -613,7 +613,7 @@ def test_the_system_daemon_survives_a_hostile_user(
 def test_a_per_user_daemon_believes_its_count_only_until_an_open(world: World) -> None:
     # A per-user daemon cannot read other users' processes: a close may belong
     # to a file its scan never saw, so its count says "empty" only until the
-    # node is opened again (hold.occupancy, "opens only"). As root the same
+    # node is opened again (hold.daemon.occupancy, "opens only"). As root the same
     # lease would be followed back to zero (tests/test_occupancy_count.py).
     user = world.users[0]
     for _ in range(2):

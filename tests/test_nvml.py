@@ -1,4 +1,4 @@
-"""hold.nvml without a GPU: the ctypes calls against a fake driver library that
+"""hold.devices.nvml without a GPU: the ctypes calls against a fake driver library that
 answers as NVML does (return codes, the count-then-list protocol of the process
 lists), and the structures' sizes against ``nvml.h``. Against the real driver:
 tests/test_audit_gpu.py (beside nvidia-ml-py's answers)."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from hold import nvml
-from hold.nvml import NOT_AVAILABLE, NvGpu
+from hold.devices import nvml
+from hold.devices.nvml import NOT_AVAILABLE, NvGpu
 
 NO_PERMISSION = 4
 DRIVER_NOT_LOADED = 9

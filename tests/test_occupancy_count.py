@@ -1,7 +1,7 @@
 """Grants without a scan: the kernel's count of a device's open files, and what tries
 to slip past it.
 
-A grant believes the count (``hold.occupancy``) once a scan has seen the
+A grant believes the count (``hold.daemon.occupancy``) once a scan has seen the
 device empty; each test first shows that the count is what answered (the
 daemon's log says ``check: count``), then slips a holder in the way a
 stray could -- two opens read as one, a fork, a mapping, a descriptor
@@ -242,8 +242,8 @@ def test_opens_through_another_path_are_not_counted_on(
 
 
 def test_a_node_made_again_is_not_counted_on(node: Path) -> None:
-    from hold.devices import DeviceClass
-    from hold.occupancy import Occupancy, checked_look
+    from hold.daemon.occupancy import Occupancy, checked_look
+    from hold.devices.classes import DeviceClass
 
     cls = DeviceClass("fake", (str(node),))
     occ = Occupancy()

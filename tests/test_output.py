@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.environ import minimal_env
-from supervisor.identity import ProcessId
-from supervisor.output import LineReader
-from supervisor.spawn import Child, spawn
+from hold_supervisor.environ import minimal_env
+from hold_supervisor.proc.identity import ProcessId
+from hold_supervisor.spawn.child import Child, spawn
+from hold_supervisor.spawn.output import LineReader
 
 # How late a deadline may be noticed. Generous: other test runs share this
 # machine's two cores. A reader that blocks until the child next speaks (the

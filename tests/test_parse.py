@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from supervisor.parse import (
+from hold_supervisor.parse import (
     MAX_SHOWN,
     BadValue,
     allowed_cpus,

@@ -1,4 +1,4 @@
-"""Looks that skip what is proven older than the tree (:mod:`supervisor.proccache`).
+"""Looks that skip what is proven older than the tree (:mod:`hold_supervisor.proc.cache`).
 
 What the cache rests on is checked on this kernel: a pid reused by a new
 process is listed under a new inode number, so it is read, never taken for
@@ -24,13 +24,13 @@ from conftest import alive, wait_for
 from test_stop import Started, _assert_all_gone, _grows, _marked, _wait
 from test_stop import start as start  # the fixture: test_stop's trees, to be cached here
 
-from supervisor.cgroup import Hierarchy
-from supervisor.environ import minimal_env
-from supervisor.identity import Stat, read_stat
-from supervisor.proccache import ProcCache, listing
-from supervisor.spawn import Child, owned_pids, spawn
-from supervisor.stop import stop_tree
-from supervisor.tree import Tree
+from hold_supervisor.environ import minimal_env
+from hold_supervisor.proc.cache import ProcCache, listing
+from hold_supervisor.proc.cgroup import Hierarchy
+from hold_supervisor.proc.identity import Stat, read_stat
+from hold_supervisor.proc.stop import stop_tree
+from hold_supervisor.proc.tree import Tree
+from hold_supervisor.spawn.child import Child, owned_pids, spawn
 
 TOP_UPS = 4
 

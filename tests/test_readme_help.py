@@ -121,7 +121,7 @@ SHOWN = synopses((ROOT / "README.md").read_text())
 
 
 def test_readme_help_every_command_has_a_synopsis() -> None:
-    from hold.cli import cli
+    from hold.cli.group import cli
 
     hidden = {name for name, c in cli.commands.items() if c.hidden}
     missing = sorted(f"hold {n}" for n in cli.commands if f"hold {n}" not in SHOWN) + sorted(

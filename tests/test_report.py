@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from conftest import HOLD, PROGS, wait_for
 
-from hold import history
-from hold.reportdoc import build
+from hold.daemon import history
+from hold.daemon.report import build
 
 NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
 HOLDER = str(PROGS / "node_holder.py")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, alive, as_user, unpriv_python, wait_for
 
-from supervisor import procscan
+from hold_supervisor.proc import scan
 
 RUN_TREE = str(PROGS / "run_tree.py")
 
@@ -66,8 +66,8 @@ def assert_gone(pids: dict[str, int] | list[int], device: Path, port: int) -> No
     living = [pid for pid in pids if alive(pid)]
     assert not living, f"still alive: {living}"
     st = os.stat(device)
-    assert procscan.holders_of({(st.st_dev, st.st_ino)}, procscan.pids()) == {}
-    assert port not in {ln.port for ln in procscan.listeners().values()}
+    assert scan.holders_of({(st.st_dev, st.st_ino)}, scan.pids()) == {}
+    assert port not in {ln.port for ln in scan.listeners().values()}
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free: binding it again works
 
@@ -108,7 +108,7 @@ def test_command_exits_and_what_it_left_is_stopped(
     assert "2 stopped, 2 killed" in res.stderr and "survivor check empty" in res.stderr, res.stderr
     assert_gone(pids, tmp_path / "device", int((tmp_path / "port").read_text()))
     if cgroup_mode == "cgroup":
-        from supervisor.cgroup import Hierarchy
+        from hold_supervisor.proc.cgroup import Hierarchy
 
         tree = re.search(r"tree ([0-9a-f]+):", res.stderr)
         assert tree is not None
@@ -287,7 +287,7 @@ def test_interactive_shell_keeps_the_terminal_and_ctrl_c(tmp_path: Path, cgroup_
         term.write("sleep 30\n")
 
         def sleeper() -> int | None:
-            for st in procscan.snapshot().values():
+            for st in scan.snapshot().values():
                 if st.ppid == shell_pid and st.comm == "sleep" and not st.is_dead:
                     return st.pid
             return None
@@ -314,7 +314,7 @@ def test_interactive_shell_keeps_the_terminal_and_ctrl_c(tmp_path: Path, cgroup_
     finally:
         if proc.poll() is None:
             # Ours, by pid: every process still in the terminal's session.
-            for st in procscan.snapshot().values():
+            for st in scan.snapshot().values():
                 if st.session == proc.pid and not st.is_dead:
                     os.kill(st.pid, signal.SIGKILL)
             proc.wait(timeout=10)
@@ -465,7 +465,7 @@ def user_python(user: str, runtime: Path) -> str:
     """
     for cand in (unpriv_python(), "/usr/bin/python3"):
         ok = subprocess.run(
-            as_user(user, [cand, "-c", "import hold.runcmd"], runtime, {}),
+            as_user(user, [cand, "-c", "import hold.cli.run"], runtime, {}),
             capture_output=True,
             timeout=30,
         )

@@ -1,4 +1,4 @@
-"""``hold.schedule.plan``: who gets which free device next, as a pure function."""
+"""``hold.daemon.schedule.plan``: who gets which free device next, as a pure function."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import pytest
 
-from hold.schedule import plan
+from hold.daemon.schedule import plan
 
 
 class Req(NamedTuple):

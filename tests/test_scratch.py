@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.scratch import Scratch, ScratchError, sweep
+from hold_supervisor.spawn.scratch import Scratch, ScratchError, sweep
 
 
 def _victim(tmp_path: Path) -> Path:
@@ -88,7 +88,7 @@ def test_sweep_removes_what_a_killed_owner_left(tmp_path: Path) -> None:
     victim = _victim(tmp_path)
     code = (
         "import os, sys\n"
-        "from supervisor.scratch import Scratch\n"
+        "from hold_supervisor.spawn.scratch import Scratch\n"
         f"s = Scratch({str(root)!r})\n"
         f"os.symlink({str(victim)!r}, os.path.join(s.path, 'v'))\n"
         "open(os.path.join(s.path, 'f'), 'w').write('x')\n"

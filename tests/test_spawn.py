@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from conftest import fresh_leaf
 
-from supervisor.cgroup import Leaf, own_cgroup, v2_mount
-from supervisor.environ import FALLBACK_PATH, MARKER, minimal_env
-from supervisor.parse import format_cpus
-from supervisor.spawn import Child, SpawnError, owned_pids, spawn
+from hold_supervisor.environ import FALLBACK_PATH, MARKER, minimal_env
+from hold_supervisor.parse import format_cpus
+from hold_supervisor.proc.cgroup import Leaf, own_cgroup, v2_mount
+from hold_supervisor.spawn.child import Child, SpawnError, owned_pids, spawn
 
 CPUS = frozenset(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs at least 2 usable CPUs")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, ROOT, alive, wait_for
 
-from supervisor import procscan
+from hold_supervisor.proc import scan
 
 PY = sys.executable
 UNIT = str(PROGS / "stack_unit.py")
@@ -102,7 +102,7 @@ def pids(base: Path) -> dict[str, list[int]]:
 
 def holders(path: Path) -> list[int]:
     st = os.stat(path)
-    return list(procscan.holders_of({(st.st_dev, st.st_ino)}, procscan.pids()))
+    return list(scan.holders_of({(st.st_dev, st.st_ino)}, scan.pids()))
 
 
 def assert_all_gone(base: Path, timeout: float = 10) -> None:
@@ -514,7 +514,7 @@ def test_detach_returns_the_failure_of_a_stack_that_never_came_up(tmp_path: Path
 
 
 def test_unit_log_rotates_by_size_and_follow_crosses_rotations(tmp_path: Path) -> None:
-    from supervisor.unitlog import RotatingLog, follow, tail_lines
+    from hold_supervisor.unitlog import RotatingLog, follow, tail_lines
 
     path = tmp_path / "u.log"
     log = RotatingLog(str(path), max_bytes=100, keep=2)

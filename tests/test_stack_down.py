@@ -62,12 +62,12 @@ FORBIDDEN = ("pydantic", "pydantic_core", "yaml", "click", "structlog")
 
 
 def test_the_background_supervisor_imports_no_validation_nor_cli() -> None:
-    """What ``hold.upchild`` loads before it reads its stack (everything its run
+    """What ``hold.cli.upchild`` loads before it reads its stack (everything its run
     needs): none of the stack file's validators, the YAML reader, click or structlog
     (issue 13: they would be most of a supervisor's memory, for the stack's life)."""
     code = (
         "import os, sys\n"
-        "from hold import upchild\n"
+        "from hold.cli import upchild\n"
         "r, w = os.pipe(); os.close(w)\n"
         "assert upchild.main([str(r), '2']) == 0\n"  # an empty stack: it ends
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({FORBIDDEN!r})))\n"

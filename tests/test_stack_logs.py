@@ -17,7 +17,7 @@ from pathlib import Path
 
 from conftest import HOLD, wait_for
 
-from supervisor.unitlog import stamp
+from hold_supervisor.unitlog import stamp
 
 PY = sys.executable
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"

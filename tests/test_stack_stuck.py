@@ -8,7 +8,7 @@ supervisor that did not answer, with an exit status from the table and never a
 traceback; ``hold down`` stops every unit through the ticket daemon (the
 supervisor killed, the lifeline). Bounds are deadlines, not speed: generous for
 a loaded 2-core machine. The waits are shortened for these tests with
-``HOLD_ANSWER_WAIT=2s`` (:mod:`hold.waits`: 3 s and 5 s answers, a 20 s wait
+``HOLD_ANSWER_WAIT=2s`` (:mod:`hold.client.waits`: 3 s and 5 s answers, a 20 s wait
 for the daemon's stop and a 15 s margin for a call's result become 2 s, 2 s,
 8 s and 6 s), so that the whole file stays well inside the suite's time. The
 supervisor is always continued (or killed) in a ``finally``; the autouse leak
@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, alive, wait_for
 
-from supervisor.parse import allowed_cpus
-from supervisor.stackctl import NoAnswer, request
+from hold_supervisor.parse import allowed_cpus
+from hold_supervisor.stack.controlsock import NoAnswer, request
 
 PY = sys.executable
 UNIT = str(PROGS / "stack_unit.py")

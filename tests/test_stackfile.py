@@ -1,6 +1,6 @@
 """The stack file: strict validation, every error at once, each with file:line and key path.
 
-Most checks call :func:`supervisor.stackfile.load` directly; ``hold validate``
+Most checks call :func:`hold_supervisor.stackfile.load.load` directly; ``hold validate``
 and ``hold up`` are run once each to show the exit status (2), that the hold
 layer's checks (device class, label) join the same list, and that nothing starts.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, ROOT
 
-from supervisor.parse import allowed_cpus, format_cpus
-from supervisor.stackfile import StackFileError, fill, load
+from hold_supervisor.parse import allowed_cpus, format_cpus
+from hold_supervisor.stackfile.load import StackFileError, fill, load
 
 GOOD = """\
 name: qwen-tools
@@ -329,7 +329,7 @@ units:
 
 
 def test_every_synonym_names_a_key_of_its_model() -> None:
-    from supervisor import stackfile
+    from hold_supervisor.stackfile import load as stackfile
 
     for model, table in stackfile.SYNONYMS.items():
         fields = getattr(stackfile, model).model_fields  # the validation models
@@ -370,7 +370,7 @@ def test_a_date_is_text_and_a_python_tag_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_number_of_errors_listed_is_bounded(tmp_path: Path) -> None:
-    from supervisor.stackfile import MAX_ERRORS
+    from hold_supervisor.stackfile.load import MAX_ERRORS
 
     body = "".join(f"  u{i}: {{cmd: [x], kind: job}}\n" for i in range(300))
     errs = errors_of("name: x\nunits:\n" + body, tmp_path)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.placeholders import fill as fill_text
-from supervisor.stackfile import StackFileError, fill, filled_env, load
+from hold_supervisor.stackfile.load import StackFileError, fill, filled_env, load
+from hold_supervisor.stackfile.placeholders import fill as fill_text
 
 
 def _load(tmp_path: Path, body: str, name: str = "s.yaml"):  # type: ignore[no-untyped-def]

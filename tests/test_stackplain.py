@@ -1,5 +1,5 @@
-"""The quick path of the stack file (``supervisor/stackplain.py``, no pydantic)
-against the models (``supervisor/stackrefusals.py``, pydantic), side by side.
+"""The quick path of the stack file (``supervisor/stackfile/plain.py``, no pydantic)
+against the models (``supervisor/stackfile/refusals.py``, pydantic), side by side.
 
 Its one rule: it only ever accepts what the models accept, with the spec they
 give; anything else is theirs to refuse (and word). Checked over a stack that
@@ -22,9 +22,10 @@ from typing import Any
 
 from conftest import HOLD
 
-from supervisor import stackplain, stackrefusals, yamlsafe
-from supervisor.stackfile import _plain
-from supervisor.stackvalues import YamlWord
+from hold_supervisor import yamlsafe
+from hold_supervisor.stackfile import plain, refusals
+from hold_supervisor.stackfile.load import _plain
+from hold_supervisor.stackfile.values import YamlWord
 
 EVERY_KEY = textwrap.dedent("""\
     name: every-key
@@ -181,8 +182,8 @@ def mutations(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def compare(what: str, data: dict[str, Any], lines: dict[Any, int]) -> str | None:
     """None if the quick path keeps its rule on ``data``; else what went wrong."""
-    quick = stackplain.to_spec(copy.deepcopy(data), "s.yaml", lines)
-    spec, problems = stackrefusals.validate(copy.deepcopy(data), "s.yaml", lines)
+    quick = plain.to_spec(copy.deepcopy(data), "s.yaml", lines)
+    spec, problems = refusals.validate(copy.deepcopy(data), "s.yaml", lines)
     if spec is None:
         assert problems
         if quick is not None:
@@ -196,13 +197,13 @@ def compare(what: str, data: dict[str, Any], lines: dict[Any, int]) -> str | Non
 def test_every_key_read_alike() -> None:
     for text in (EVERY_KEY, MINIMAL):
         data, lines = read(text)
-        quick = stackplain.to_spec(data, "s.yaml", lines)
-        spec, problems = stackrefusals.validate(data, "s.yaml", lines)
+        quick = plain.to_spec(data, "s.yaml", lines)
+        spec, problems = refusals.validate(data, "s.yaml", lines)
         assert not problems and spec is not None
         assert quick is not None and quick == spec  # accepted, with the models' spec
     assert quick.units["a"].cmd == ("x",)
     data, lines = read(EVERY_KEY)
-    quick = stackplain.to_spec(data, "s.yaml", lines)
+    quick = plain.to_spec(data, "s.yaml", lines)
     assert quick is not None and quick.units["pred"].conditions == {
         "model": "ready",
         "init": "completed",
@@ -217,9 +218,9 @@ def test_mutations_never_accepted_beyond_the_models() -> None:
         problem = compare(what, m, lines)
         if problem:
             failures.append(problem)
-        elif stackplain.to_spec(copy.deepcopy(m), "s.yaml", lines) is not None:
+        elif plain.to_spec(copy.deepcopy(m), "s.yaml", lines) is not None:
             quick_too += 1
-        if stackrefusals.validate(copy.deepcopy(m), "s.yaml", lines)[0] is not None:
+        if refusals.validate(copy.deepcopy(m), "s.yaml", lines)[0] is not None:
             accepted += 1
     assert not failures, f"{len(failures)} of {cases}:\n" + "\n".join(failures[:20])
     assert cases > 3000
@@ -235,8 +236,8 @@ def test_valid_file_loads_without_pydantic(tmp_path: Path) -> None:
     bad.write_text("name: nopyd\nunits:\n  a:\n    cmd: [x]\n    ready: {file: /, tmeout: 1s}\n")
     probe = textwrap.dedent("""
         import sys
-        from hold.stackdir import load_checked
-        from supervisor.stackfile import StackFileError
+        from hold.cli.stackdir import load_checked
+        from hold_supervisor.stackfile.load import StackFileError
         try:
             load_checked(sys.argv[1])
         except StackFileError as e:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.states import (
+from hold_supervisor.states import (
     CALL_TRANSITIONS,
     UNIT_TRANSITIONS,
     BadTransition,

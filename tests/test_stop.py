@@ -28,13 +28,20 @@ from pathlib import Path
 import pytest
 from conftest import PROGS, alive, as_user, unpriv_python, wait_for
 
-from supervisor.cgroup import Hierarchy, Leaf
-from supervisor.environ import minimal_env
-from supervisor.identity import NoSuchProcess, ProcessId, read_stat
-from supervisor.spawn import Child, owned_pids, spawn
-from supervisor.stop import StopReport, stop_tree
-from supervisor.survivors import Holder, Look, Nodes, Ports, SurvivorCheck, check_survivors
-from supervisor.tree import Tree
+from hold_supervisor.environ import minimal_env
+from hold_supervisor.proc.cgroup import Hierarchy, Leaf
+from hold_supervisor.proc.identity import NoSuchProcess, ProcessId, read_stat
+from hold_supervisor.proc.stop import StopReport, stop_tree
+from hold_supervisor.proc.survivors import (
+    Holder,
+    Look,
+    Nodes,
+    Ports,
+    SurvivorCheck,
+    check_survivors,
+)
+from hold_supervisor.proc.tree import Tree
+from hold_supervisor.spawn.child import Child, owned_pids, spawn
 
 
 def _wait(child: Child, timeout: float = 10.0) -> int | None:
@@ -75,7 +82,7 @@ class Started:
             env=minimal_env(os.environ, tree_id=self.tree_id),
             cgroup=self.leaf,
         )
-        # As supervisor.foreground builds it. In walk mode this process must
+        # As hold_supervisor.spawn.foreground builds it. In walk mode this process must
         # be a child subreaper, which conftest already made pytest.
         self.tree = Tree(
             tree_id=self.tree_id,
@@ -661,10 +668,10 @@ def test_unrelated_writer_of_the_same_log_is_left_alone(
 # printed), waits for a line on stdin, stops the tree, prints the report.
 _STOPPER = """
 import json, os, select, sys
-from supervisor.environ import minimal_env
-from supervisor.spawn import spawn
-from supervisor.stop import stop_tree
-from supervisor.tree import Tree
+from hold_supervisor.environ import minimal_env
+from hold_supervisor.spawn.child import spawn
+from hold_supervisor.proc.stop import stop_tree
+from hold_supervisor.proc.tree import Tree
 
 LISTEN = (
     "import socket, time\\n"

@@ -1,10 +1,10 @@
 """The device half of "the survivor check signals only members".
 
-``supervisor.stop`` never signals a process for holding a tree's regular file
+``hold_supervisor.proc.stop`` never signals a process for holding a tree's regular file
 or port (tests/test_stop.py proves that). A process that started during a
 lease and still holds one of the lease's *device* nodes at its end is another
 matter: it used the device without the ticket, and the daemon stops it
-(``hold.occupancy.stop_leftovers``) -- saying whose it was, since it may be
+(``hold.daemon.occupancy.stop_leftovers``) -- saying whose it was, since it may be
 another user's. One that was there before the lease is left alone.
 
 The devices are a class ``fake`` over temporary files, held by processes of
@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 from conftest import alive, as_user, unpriv_python, wait_for
 
-from hold.devices import DeviceClass
-from hold.occupancy import LeftoverStop, stop_leftovers
-from supervisor import procscan
-from supervisor.environ import minimal_env
-from supervisor.identity import NoSuchProcess
-from supervisor.spawn import Child, spawn
+from hold.daemon.occupancy import LeftoverStop, stop_leftovers
+from hold.devices.classes import DeviceClass
+from hold_supervisor.environ import minimal_env
+from hold_supervisor.proc import scan
+from hold_supervisor.proc.identity import NoSuchProcess
+from hold_supervisor.spawn.child import Child, spawn
 
 # Holds the node open, with a child that holds nothing, until killed.
 _HOLDER = (
@@ -90,17 +90,17 @@ def test_a_device_holder_started_during_the_lease_is_stopped_and_named(
     # it with busy_devices: warn). Not the lease's to stop.
     before = _holder(started, other_user, unpriv_runtime, node)
     wait_for(
-        lambda: procscan.ticks_at(time.time()) > before.ident.starttime + 10,
+        lambda: scan.ticks_at(time.time()) > before.ident.starttime + 10,
         what="the clock to move past the first holder's start",
     )
     granted = time.time()
     wait_for(
-        lambda: procscan.ticks_at(time.time()) > procscan.ticks_at(granted) + 10,
+        lambda: scan.ticks_at(time.time()) > scan.ticks_at(granted) + 10,
         what="the clock to move past the grant",
     )
     # During the lease: a user's process opens the leased device without a ticket.
     during = _holder(started, unpriv_user, unpriv_runtime, node)
-    during_child = procscan.descendants([during.pid], procscan.snapshot())
+    during_child = scan.descendants([during.pid], scan.snapshot())
     assert len(during_child) == 1
 
     reports, left = stop_leftovers(cls, [0], uid=None, grace=2.0, granted=granted)

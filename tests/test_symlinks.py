@@ -5,7 +5,7 @@ state, a detached stack's ``supervisor.log``, a unit's log, a stack's lock and
 record, a token -- a symlink (and a hard link) to a victim file is planted
 before a real CLI run. Each run must end with exit 2 and a message naming the
 path, nothing started, and the victim unchanged (the autouse leak check adds
-that nothing is left running). Then :mod:`supervisor.safefile` itself, the one
+that nothing is left running). Then :mod:`hold_supervisor.safefile` itself, the one
 helper every one of those opens goes through.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, daemon_pid
 
-from supervisor import safefile
-from supervisor.parse import allowed_cpus
-from supervisor.safefile import UnsafePath
+from hold_supervisor import safefile
+from hold_supervisor.parse import allowed_cpus
+from hold_supervisor.safefile import UnsafePath
 
 PY = sys.executable
 BIN = Path(sys.executable).parent
@@ -388,8 +388,8 @@ def test_write_atomic_refuses_a_symlink_and_a_planted_temp_file(tmp_path: Path) 
 
 
 def test_unsafe_path_is_one_class_everywhere() -> None:
-    from hold import tokens
-    from supervisor.parse import BadValue
+    from hold.daemon import tokens
+    from hold_supervisor.parse import BadValue
 
     assert tokens.UnsafePath is UnsafePath
     assert tokens.write_atomic is safefile.write_atomic
@@ -416,7 +416,7 @@ def test_ensure_dir_refuses_a_symlink_and_a_file(tmp_path: Path) -> None:
 def test_unit_log_rotation_does_not_write_through_a_link_planted_meanwhile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from supervisor.unitlog import RotatingLog
+    from hold_supervisor.unitlog import RotatingLog
 
     v = victim(tmp_path)
     path = tmp_path / "u.log"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import HOLD, ROOT
 
-from hold.sysunit import UNIT_NAME, render, this_hold
+from hold.daemon.sysunit import UNIT_NAME, render, this_hold
 
 
 def test_the_unit_in_the_repository_is_the_one_installed() -> None:

@@ -1,6 +1,6 @@
 """Task units (``kind: task``): one isolated, bounded run per call.
 
-Through the Python API (:class:`supervisor.task.TaskRunner`, no daemon) and
+Through the Python API (:class:`hold_supervisor.task.task.TaskRunner`, no daemon) and
 through ``hold up`` + ``hold call``, with real processes: ``progs/task_prog.py``
 records in DIR/started every time it starts (so "nothing started" can be
 checked) and, in ``nasty`` mode, every pid of its tree (an escapee included)
@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, alive, wait_for
 
-from supervisor import procscan
-from supervisor.identity import NoSuchProcess, read_cmdline
-from supervisor.parse import allowed_cpus
-from supervisor.stackfile import StackFileError, UnitSpec, load
-from supervisor.task import (
+from hold_supervisor.parse import allowed_cpus
+from hold_supervisor.proc import scan
+from hold_supervisor.proc.identity import NoSuchProcess, read_cmdline
+from hold_supervisor.stackfile.load import StackFileError, UnitSpec, load
+from hold_supervisor.task.task import (
     ARGS_LIMIT,
     STDERR_TAIL,
     STDOUT_LIMIT,
@@ -374,7 +374,7 @@ def parked(runner: TaskRunner) -> list[int]:
     assert runner.leaf is not None
     pids = runner.leaf.pids()
     for pid in pids:
-        st = procscan.stat_of(pid)
+        st = scan.stat_of(pid)
         try:
             cmd = read_cmdline(pid)
             wchan = Path(f"/proc/{pid}/wchan").read_text()
@@ -388,7 +388,7 @@ def parked(runner: TaskRunner) -> list[int]:
 
 
 def test_the_parked_stub_runs_nothing_before_a_call(tmp_path: Path) -> None:
-    from supervisor.cgroup import CgroupUnavailable, Hierarchy
+    from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
     try:
         Hierarchy.find()

@@ -1,7 +1,7 @@
-"""How ``hold up --detach`` starts its background supervisor (``hold/upchild.py``):
+"""How ``hold up --detach`` starts its background supervisor (``hold/cli/upchild.py``):
 forked from the command before the file is read, or, where the command already
 holds a heavy module (click, YAML, pydantic) or a thread, a fresh ``python -P -m
-hold.upchild``. Either way the supervisor holds none of the command's descriptors,
+hold.cli.upchild``. Either way the supervisor holds none of the command's descriptors,
 and a command that dies before handing the stack over leaves nothing running.
 Real processes throughout."""
 
@@ -18,7 +18,7 @@ from conftest import HOLD, alive, wait_for
 STARTER = textwrap.dedent("""
     import os, sys
     {before}
-    from hold.upchild import Starter
+    from hold.cli.upchild import Starter
     s = Starter()
     print(s.pid, flush=True)
     os._exit(0)  # dies before handing anything over
@@ -47,20 +47,20 @@ def test_a_command_that_dies_before_the_hand_over_leaves_no_supervisor() -> None
     """The forked supervisor holds no end of the command's pipes: the command's death
     is an empty stack, and it ends (a held write end would keep it waiting forever)."""
     pid, cmdline = start_and_die()
-    assert "-m hold.upchild" not in cmdline  # forked: the command's own command line
+    assert "-m hold.cli.upchild" not in cmdline  # forked: the command's own command line
     wait_for(lambda: not alive(pid), 10, what="the forked supervisor's end")
 
 
 def test_a_command_with_click_loaded_starts_a_fresh_interpreter() -> None:
     pid, cmdline = start_and_die("import click")
     if cmdline:
-        assert "-P -m hold.upchild" in cmdline
+        assert "-P -m hold.cli.upchild" in cmdline
     wait_for(lambda: not alive(pid), 10, what="the supervisor's end")
     pid, cmdline = start_and_die(
         "import threading; threading.Thread(target=threading.Event().wait, daemon=True).start()"
     )
     if cmdline:
-        assert "-P -m hold.upchild" in cmdline
+        assert "-P -m hold.cli.upchild" in cmdline
     wait_for(lambda: not alive(pid), 10, what="the supervisor's end")
 
 
@@ -91,7 +91,7 @@ def test_both_ways_run_a_stack_without_the_heavy_modules(tmp_path: Path) -> None
         maps = Path(f"/proc/{supervisor}/maps").read_text()
         assert "pydantic_core" not in maps and "_yaml" not in maps
         cmdline = Path(f"/proc/{supervisor}/cmdline").read_bytes().replace(b"\0", b" ")
-        assert (b"hold.upchild" not in cmdline) is forked, cmdline
+        assert (b"hold.cli.upchild" not in cmdline) is forked, cmdline
         unit = int(pidfile.read_text())
         res = subprocess.run([*HOLD, "down", "ways"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, daemon_pid
 
-from hold.runargs import parse_run_args
-from hold.runcmd import UsageError
+from hold.cli.run import UsageError
+from hold.cli.runargs import parse_run_args
 
 BIN = Path(sys.executable).parent
 PROGS = {
@@ -56,7 +56,7 @@ def test_version_is_listed_in_help() -> None:
 def test_the_hot_path_stays_light() -> None:
     """``npu-hold`` imports neither click, yaml, structlog nor importlib.metadata."""
     code = (
-        "import sys, hold.entry, hold.runcmd, hold.runargs, hold.version; "
+        "import sys, hold.cli.entry, hold.cli.run, hold.cli.runargs, hold.version; "
         "print(','.join(m for m in ('click', 'yaml', 'structlog', 'importlib.metadata') "
         "if m in sys.modules))"
     )

@@ -3,7 +3,7 @@
 The answers are asked as the shells ask them: the program itself, run with
 click's variables (``_HOLD_COMPLETE=bash_complete``, ``COMP_WORDS``,
 ``COMP_CWORD``; ``_NPU_HOLD_COMPLETE`` for ``npu-hold``, which answers through
-:mod:`hold.completion` without click on its normal path). With bash present,
+:mod:`hold.cli.completion` without click on its normal path). With bash present,
 the generated script is sourced in a real bash and its function called.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import update_config
 
-from hold.completion import complete_run
+from hold.cli.completion import complete_run
 
 BIN = Path(sys.executable).parent
 STACK = """\
@@ -132,7 +132,7 @@ def test_run_options_from_the_table() -> None:
     assert complete("hold", ["run", "--pass"]) == ["--pass-env"]
     assert complete("npu-hold", ["-t", "1h", "--no-"]) == ["--no-wait"]
     assert complete("npu-hold", ["--signal", "TE"]) == ["TERM"]
-    from hold.runargs import OPTIONS
+    from hold.cli.runargs import OPTIONS
 
     assert complete("npu-hold", ["--"]) == [o[0] for o in OPTIONS]
 
@@ -211,10 +211,10 @@ def test_in_a_real_bash(stack: str, own_classes: list[str]) -> None:
 
 
 def test_the_normal_path_never_sees_completion() -> None:
-    """``npu-hold`` without the variable imports neither click nor hold.completion."""
+    """``npu-hold`` without the variable imports neither click nor hold.cli.completion."""
     code = (
-        "import sys, hold.entry, hold.runcmd; "
-        "print([m for m in ('click', 'hold.completion') if m in sys.modules])"
+        "import sys, hold.cli.entry, hold.cli.run; "
+        "print([m for m in ('click', 'hold.cli.completion') if m in sys.modules])"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert res.stdout.strip() == "[]", res.stderr

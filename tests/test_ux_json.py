@@ -171,7 +171,7 @@ units:
 
 
 def test_call(tmp_path: Path) -> None:
-    from supervisor.parse import allowed_cpus
+    from hold_supervisor.parse import allowed_cpus
 
     name = f"uxjson{os.getpid()}"
     (tmp_path / "s.yaml").write_text(STACK.format(name=name, cpu=max(allowed_cpus())))

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, alive, wait_for
 
-from hold.tokens import read_record
-from supervisor.exitcodes import RELEASED
+from hold.daemon.tokens import read_record
+from hold_supervisor.exitcodes import RELEASED
 
 BIN = Path(sys.executable).parent
 NPU_HOLD = str(BIN / "npu-hold")

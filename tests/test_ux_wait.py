@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from conftest import PROGS, wait_for
 
-from hold.tokens import read_record
-from supervisor.parse import format_when
+from hold.daemon.tokens import read_record
+from hold_supervisor.parse import format_when
 
 BIN = Path(sys.executable).parent
 NPU_HOLD = str(BIN / "npu-hold")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import HOLD, PROGS, update_config, wait_for
 
-from supervisor.width import cut, fit, table
+from hold_supervisor.width import cut, fit, table
 
 PY = sys.executable
 HOLDER = str(PROGS / "node_holder.py")

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import pytest
 from conftest import HOLD, PROGS, update_config, wait_for
 
-from hold import web
+from hold.views import web
 
 PY = sys.executable
 BIN = Path(sys.executable).parent
@@ -318,7 +318,7 @@ def test_read_only_and_this_machine_only(served: str) -> None:
 
 
 def test_loopback_by_default_and_a_warning_for_any_other_address(tmp_path: Path) -> None:
-    from hold.cli import cli
+    from hold.cli.group import cli
 
     assert cli.commands["web"].params[0].default == web.DEFAULT_LISTEN  # type: ignore[union-attr]
     assert web.parse_listen(web.DEFAULT_LISTEN) == web.Listen(

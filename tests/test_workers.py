@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from hold.workers import Workers
+from hold.daemon.workers import Workers
 
 
 def test_a_blocked_job_does_not_hold_up_the_next() -> None:

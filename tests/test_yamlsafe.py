@@ -19,8 +19,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from supervisor import yamlsafe
-from supervisor.yamlsafe import MAX_DEPTH, MAX_VALUES, YamlError, compose, compose_bytes
+from hold_supervisor import yamlsafe
+from hold_supervisor.yamlsafe import MAX_DEPTH, MAX_VALUES, YamlError, compose, compose_bytes
 
 
 def alias_bomb(levels: int = 7, items: int = 9) -> str:
@@ -65,16 +65,17 @@ def test_alias_bomb_refused_fast_and_small(parser: str) -> None:
 MEASURE = textwrap.dedent("""
     import json, resource, sys, time
     sys.path.insert(0, sys.argv[1])
-    import hold.config, supervisor.stackfile, supervisor.yamlsafe  # the baseline imports these
-    from supervisor.parse import BadValue
-    from supervisor.stackfile import StackFileError
+    # the baseline imports these
+    import hold.config, hold_supervisor.stackfile.load, hold_supervisor.yamlsafe
+    from hold_supervisor.parse import BadValue
+    from hold_supervisor.stackfile.load import StackFileError
     out = {}
     for what, path in (("stack", sys.argv[2]), ("config", sys.argv[3])):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t = time.monotonic()
         try:
             if what == "stack":
-                supervisor.stackfile.load(path)
+                hold_supervisor.stackfile.load.load(path)
             else:
                 hold.config.parse_file(path)
         except (StackFileError, BadValue) as e:

@@ -1,0 +1,204 @@
+"""``hold audit``, the command: options checked, the report, ``--kill``, the exit status.
+
+Its options are declared in :mod:`hold.cli.group` (``--help`` and every error are
+click's); a plainly valid command line is read here instead, without click
+(:func:`plain_args`, from :mod:`hold.cli.entry`): importing click and the group
+is a third of ``hold audit``'s time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+from hold.devices.classes import DeviceClass
+from hold.statedir import StateDir
+from hold_supervisor.exitcodes import CANCELLED, NO, SURVIVORS, USAGE
+from hold_supervisor.width import columns, fit
+
+if TYPE_CHECKING:
+    from hold.devices.nvml import Prefetch
+
+FLAGS = {"--json": "as_json", "--kill": "kill", "--yes": "yes"}
+VALUES = {"--device": "cls", "--grace": "grace"}
+# click's, in hold.cli.group (a test compares)
+DEFAULTS: dict[str, Any] = {
+    "cls": None,
+    "as_json": False,
+    "kill": False,
+    "yes": False,
+    "grace": "10s",
+}
+ANSI = re.compile(r"\033\[[;?0-9]*[a-zA-Z]")  # what click.echo strips where not a terminal
+
+
+def plain_args(args: list[str]) -> dict[str, Any] | None:
+    """``hold audit``'s options where each is one of its own with a plain value; None
+    for anything else (``--help``, an unknown option, a missing value): click reads
+    those, with its own words. The last of a repeated option counts, as in click."""
+    opts = dict(DEFAULTS)
+    it = iter(args)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if arg in FLAGS:
+            opts[FLAGS[arg]] = True
+        elif name in VALUES:
+            if not eq:
+                value = next(it, "-")
+                if value.startswith("-"):
+                    return None
+            opts[VALUES[name]] = value
+        else:
+            return None
+    return opts
+
+
+def main_plain(opts: dict[str, Any]) -> int:
+    """:func:`run_audit` without click, ending as click's ``main`` would."""
+    try:
+        return run_audit(**opts)
+    except (EOFError, KeyboardInterrupt):
+        print(file=sys.stderr)  # the blank line after ^C
+        return CANCELLED
+    except BrokenPipeError:
+        # A reader that went away: quiet, exit 1 (click's rule); stdout to
+        # /dev/null so the flush at exit cannot complain again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def run_audit(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str) -> int:
+    """``hold audit`` once its options are read: checked, then :func:`main_audit`."""
+    from hold.config import load
+    from hold.devices.classes import classes_from_config
+    from hold.statedir import open_state_dir
+    from hold_supervisor.parse import BadValue, parse_duration
+
+    try:
+        cfg = load()
+        classes = classes_from_config(cfg.devices, cfg.path)
+    except BadValue as e:
+        return _usage(str(e))
+    if cls is not None and cls not in classes:
+        return _usage(f"--device {cls!r} is not valid: one of {', '.join(sorted(classes))}")
+    if yes and not kill:
+        return _usage("--yes only goes with --kill")
+    try:
+        grace_s = parse_duration(grace, what="--grace", plain_unit="seconds", allow_zero=True)
+        sd = open_state_dir(shared=False)
+    except BadValue as e:
+        return _usage(str(e))
+    nvml = None
+    if cls in (None, "gpu") and "gpu" in classes and os.path.exists("/dev/nvidiactl"):
+        # The driver is here: NVML's figures asked for now, in a thread, so
+        # that its ~16 ms pass during the imports and the scan (issue 13).
+        from hold.devices.nvml import Prefetch
+
+        nvml = Prefetch()
+    return main_audit(sd, classes, cls, as_json, kill, yes, grace_s, nvml)
+
+
+def _usage(msg: str) -> int:
+    echo(f"hold: {msg}", err=True)
+    return USAGE
+
+
+def echo(text: str, err: bool = False) -> None:
+    """``click.echo``'s output without click: ANSI sequences dropped where not a terminal."""
+    stream = sys.stderr if err else sys.stdout
+    if not stream.isatty():
+        text = ANSI.sub("", text)
+    print(text, file=stream, flush=True)
+
+
+def main_audit(
+    sd: StateDir,
+    classes: dict[str, DeviceClass],
+    cls: str | None,
+    as_json: bool,
+    kill: bool,
+    yes: bool,
+    grace: float,
+    nvml: Prefetch | None = None,
+) -> int:
+    """Scan, attribute, print (and with ``kill``, stop the strays); the exit status:
+    0 all covered, 1 a stray, 3 a stop left survivors."""
+    from hold.views.audit import build_report, kill_strays
+    from hold.views.audittable import render_table
+
+    doc = build_report(sd, classes, cls, nvml)
+    strays = [r for r in doc["holders"] if not r["covered"]]
+    width = columns(sys.stdout)
+    asked = kill and strays and not yes
+    if asked:
+        if not sys.stdin.isatty():
+            echo("hold: --kill without --yes needs a terminal to ask at", err=True)
+            return USAGE
+        echo(render_table(doc, width))
+        answer = _confirm(f"Stop the trees of {len(strays)} stray holder(s)?")
+        if not answer:
+            return CANCELLED if answer is None else NO
+    if kill and strays:
+        doc["killed"] = kill_strays(doc, sd, grace)
+    if as_json:
+        import json  # only here: the table needs none
+
+        echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        if not asked:
+            echo(render_table(doc, width, notes=[] if kill else adopt_hints(doc)))
+        for line in _killed_lines(doc):
+            echo(fit(line, width))
+    if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
+        return SURVIVORS
+    return NO if strays else 0
+
+
+def _confirm(question: str) -> bool | None:
+    """Yes or no at the terminal (click's prompt); None: ^C or end of input."""
+    import click
+
+    try:
+        return click.confirm(question)
+    except click.exceptions.Abort:
+        return None
+
+
+def _killed_lines(doc: dict[str, Any]) -> list[str]:
+    out = []
+    for k in doc.get("killed", []):
+        state = "stopped" if k.get("stopped") else "NOT stopped"
+        out.append(f"pid {k['pid']}: {state} {k.get('why') or k.get('outcome', '')}")
+        for s in k.get("survivors", []):
+            out.append(f"  survivor pid {s['pid']} ({s['found_by']}): {s['command']}")
+    return out
+
+
+def adopt_hints(doc: dict[str, Any]) -> list[str]:
+    """For each stray process of the caller's (root: anyone's) on a device (not only
+    its class's shared nodes) that no lease holds, the command that gives it a lease
+    (``--adopt``); not for one below another such stray (that one's tree has it)."""
+    import os
+
+    from hold_supervisor.proc.scan import ancestors
+
+    uid = os.geteuid()
+    rows = {
+        r["pid"]: r
+        for r in doc["holders"]
+        if not r["covered"]
+        and r["lease"] is None
+        and r["index"] is not None
+        and uid in (0, r["uid"])
+    }
+    out: list[str] = []
+    for pid, r in rows.items():
+        if any(a.pid in rows for a in ancestors(pid)):
+            continue
+        cls = r["cls"]
+        prog = f"{cls}-hold" if cls in ("npu", "gpu") else f"hold run --device {cls}"
+        # The pid last: a line with " PID " in it is that process's row.
+        out.append(f"to lease a stray of yours: {prog} -t DURATION --adopt {pid}")
+    return out

@@ -1,0 +1,123 @@
+"""Console entry points. ``hold run``, ``npu-hold``, ``gpu-hold``,
+``hold down NAME``, ``hold up [--detach] FILE``, ``hold audit`` (with plain
+options) and ``hold daemon --detach`` (autostart's) are dispatched before click
+is imported (their start-up time is a benchmark; the daemon's memory too).
+
+Every other subcommand goes through the click group in :mod:`hold.cli.group`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hold.errors import HoldError
+    from hold_supervisor.errors import SupervisorError
+
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except (HoldError, SupervisorError) as e:
+        # The one place an error of either package becomes an exit status: bad
+        # input found deep down is still exit 2, a tool failure 125, never a
+        # traceback.
+        print(f"hold: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+def _main(argv: list[str]) -> int:
+    if argv == ["--version"]:  # before click: as fast as `npu-hold --version`
+        from hold.version import version_line
+
+        print(version_line("hold"))
+        return 0
+    if argv == ["daemon", "--detach"]:
+        # What autostart runs: without click (its imports are ~4 MB of an idle
+        # daemon's memory, and part of the first npu-hold's wait).
+        from hold.cli.daemon import serve
+
+        return serve(detach=True)
+    if argv and argv[0] == "run":
+        from hold.cli.run import main_run
+
+        return main_run(argv[1:])
+    if len(argv) == 2 and argv[0] == "down" and not argv[1].startswith("-"):
+        # `hold down NAME` without click (~20 ms of imports): a stop's time
+        # counts from here, and the stack cannot start stopping before this
+        # process has asked it to (bench/stack.py).
+        from hold.cli.stack import main_down
+
+        return main_down(argv[1])
+    if argv and argv[0] == "up" and _plain_up(argv[1:]):
+        # `hold up [--detach] FILE` without click (~50 ms of imports): the
+        # background supervisor is started first thing (bench/stack.py).
+        from hold.cli.up import main_up
+
+        return main_up(
+            argv[-1] if argv[1] in ("--detach", "-d") else argv[1], detach=len(argv) == 3
+        )
+    if argv and argv[0] == "audit" and "_HOLD_COMPLETE" not in os.environ:
+        # `hold audit` with plain options without click (~30 ms of imports of
+        # ~100 on a GPU machine, issue 13); --help and errors stay click's.
+        from hold.cli.audit import main_plain, plain_args
+
+        opts = plain_args(argv[1:])
+        if opts is not None:
+            return main_plain(opts)
+    from hold.cli.group import cli
+    from hold_supervisor.exitcodes import CANCELLED, USAGE
+
+    try:
+        return int(cli.main(args=argv, prog_name="hold", standalone_mode=False) or 0)
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else USAGE
+    except Exception as e:
+        import click
+
+        if isinstance(e, click.exceptions.Abort):
+            return CANCELLED
+        if isinstance(e, click.ClickException):
+            e.show()
+            return USAGE
+        raise
+
+
+def _plain_up(args: list[str]) -> bool:
+    """``FILE``, ``--detach FILE`` or ``FILE --detach`` (``-d`` too); all else is click's."""
+    flags = [a for a in args if a in ("--detach", "-d")]
+    files = [a for a in args if a not in ("--detach", "-d")]
+    return len(flags) <= 1 and len(files) == 1 and not files[0].startswith("-")
+
+
+def npu_main() -> int:
+    if "_NPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.cli.completion)
+        from hold.cli.completion import complete_program
+
+        return complete_program("npu-hold")
+    from hold.cli.run import main_run
+
+    return _quick_exit(main_run(sys.argv[1:], prog="npu-hold", device="npu"))
+
+
+def gpu_main() -> int:
+    if "_GPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.cli.completion)
+        from hold.cli.completion import complete_program
+
+        return complete_program("gpu-hold")
+    from hold.cli.run import main_run
+
+    return _quick_exit(main_run(sys.argv[1:], prog="gpu-hold", device="gpu"))
+
+
+def _quick_exit(code: int) -> int:
+    """Exit with ``code`` now, without tearing the interpreter down (~2.5 ms of
+    ``npu-hold``'s start-up, issue 13): by now the command's tree is stopped,
+    the lease ended and every file closed; only stdout and stderr may still
+    buffer. If flushing them fails, return instead (Python's own exit says why)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        return code
+    os._exit(code)

@@ -1,0 +1,458 @@
+"""The ``hold`` command group (everything but the hot path, see :mod:`hold.cli.entry`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import click
+
+from hold.cli.completion import (
+    RUN_SETTINGS,
+    SHELLS,
+    RunCommand,
+    class_values,
+    run_arguments,
+    script,
+    stack_values,
+    unit_values,
+)
+from hold.cli.runargs import help_text
+from hold_supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
+from hold_supervisor.parse import BadValue
+
+# `hold release` waits for the lease's tree to be stopped (its grace: at most
+# an hour) but not on a daemon that stops answering: hold.client.connection.ANSWER_TIMEOUT
+# of silence and it is asked whether it still reads (Client.recv_alive).
+RELEASE_TIMEOUT = 3600.0 + 60.0
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    package_name="hold",
+    prog_name="hold",
+    message="%(prog)s %(version)s",
+    help="Show the version and exit.",
+)
+def cli() -> None:
+    """Device tickets and process supervision: nothing outlives what started it."""
+
+
+@cli.command(
+    "run",
+    cls=RunCommand,
+    context_settings=RUN_SETTINGS,
+    add_help_option=False,
+    params=[run_arguments()],
+    help="Run COMMAND; when it ends, everything it started ends (hold run --help).",
+)
+def run_cmd(args: tuple[str, ...]) -> None:
+    from hold.cli.run import main_run
+
+    raise SystemExit(main_run(list(args)))
+
+
+def _fail(msg: str, code: int = USAGE) -> None:
+    click.echo(f"hold: {msg}", err=True)
+    raise SystemExit(code)
+
+
+def _state_dir(shared: bool = False) -> Any:
+    from hold.statedir import open_state_dir
+
+    try:
+        return open_state_dir(shared=shared)
+    except BadValue as e:
+        _fail(str(e))
+
+
+def _classes() -> Any:
+    from hold.config import load
+    from hold.devices.classes import classes_from_config
+
+    try:
+        cfg = load()
+        return cfg, classes_from_config(cfg.devices, cfg.path)
+    except BadValue as e:
+        _fail(str(e))
+
+
+@cli.command("daemon")
+@click.option("--detach", is_flag=True, help="Fork into the background (used by autostart).")
+@click.option(
+    "--idle-exit",
+    metavar="DURATION",
+    help="Exit after this long with nothing to do (default: 10m with --detach, never without).",
+)
+@click.option(
+    "--system",
+    is_flag=True,
+    help="Serve every user of this machine (as root, in /run/hold: what the systemd unit runs).",
+)
+@click.option(
+    "--reload",
+    "reload_",
+    is_flag=True,
+    help="Make the running daemon re-read its configuration, and exit.",
+)
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Install the system daemon's systemd unit and start it (as root).",
+)
+@click.option(
+    "--unit-dir",
+    default="/etc/systemd/system",
+    show_default=True,
+    help="With --install: where the unit goes.",
+)
+@click.option("--no-start", is_flag=True, help="With --install: write the unit only.")
+def daemon_cmd(
+    detach: bool,
+    idle_exit: str | None,
+    system: bool,
+    reload_: bool,
+    install: bool,
+    unit_dir: str,
+    no_start: bool,
+) -> None:
+    """Serve device leases for this state directory (one daemon per directory)."""
+    if install:
+        _install(unit_dir, start=not no_start)
+    if reload_:
+        _reload()
+    from hold.cli.daemon import serve
+
+    raise SystemExit(serve(detach=detach, idle_exit=idle_exit, system=system))
+
+
+def _install(unit_dir: str, start: bool) -> None:
+    from hold.cli.daemon import DaemonCommandError, install
+
+    try:
+        for line in install(unit_dir, start):
+            click.echo(f"hold: {line}")
+    except DaemonCommandError as e:
+        _fail(str(e), e.exit_code)
+    raise SystemExit(0)
+
+
+def _reload() -> None:
+    from hold.cli.daemon import DaemonCommandError, reload
+
+    _classes()  # the file must read before the daemon is asked to
+    try:
+        click.echo(f"hold: {reload(_state_dir())}")
+    except DaemonCommandError as e:
+        _fail(str(e), e.exit_code)
+    raise SystemExit(0)
+
+
+def _client() -> Any:
+    from hold.client.connection import Client, DaemonUnreachable
+    from hold_supervisor.safefile import UnsafePath
+
+    _classes()  # a configuration error is reported here, not as a daemon that never answers
+    try:
+        return Client.connect(_state_dir())
+    except UnsafePath as e:  # a planted link in the state directory: bad input
+        _fail(str(e), USAGE)
+    except DaemonUnreachable as e:
+        _fail(str(e), TOOL)
+
+
+@cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_cmd(as_json: bool) -> None:
+    """Each device, its holder, and its queue; and which arbiter serves.
+
+    Leases of every user are shown (user, since, until); a lease's label only
+    where its owner did not make it private. Devices leased through another
+    arbiter (another user's own daemon) are shown from their kernel lock's record.
+    """
+    from hold.views.status import main_status
+
+    main_status(_client().request({"op": "status"}), as_json)
+
+
+@cli.command("web")
+@click.option(
+    "--listen",
+    default="127.0.0.1:8377",
+    show_default=True,
+    metavar="ADDRESS:PORT",
+    help="Where to serve; an address not loopback warns what it exposes.",
+)
+def web_cmd(listen: str) -> None:
+    """A read-only status page, live: devices, holders, queue, strays (GET only)."""
+    from hold.views.web import main_web
+
+    raise SystemExit(main_web(_state_dir(), _classes()[1], listen))
+
+
+@cli.command("check")
+@click.option(
+    "--device",
+    "cls",
+    default="npu",
+    show_default=True,
+    metavar="CLASS",
+    help="Device class.",
+    shell_complete=class_values,
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (version 1).")
+def check_cmd(cls: str, as_json: bool) -> None:
+    """Exit 0 if this process runs inside a live lease of that class, else 1.
+
+    The answer comes from the arbiter that grants the leases (asked over its
+    socket, where the kernel tells it who asks), never from a file: the
+    caller is this program's parent, and this program (its child) is what
+    the arbiter traces back to a lease's holder or cgroup leaf.
+    """
+    from hold.client.check import check_document, check_lease
+    from hold.statedir import StateDir, default_path
+
+    _classes()  # a configuration error: file:line, exit 2
+    try:
+        sd = StateDir(os.path.abspath(default_path()))
+    except BadValue as e:
+        _fail(str(e))
+    ok, why, lease = check_lease(sd, cls, want_lease=as_json)
+    if as_json:
+        click.echo(json.dumps(check_document(ok, why, cls, lease), indent=2, sort_keys=True))
+    else:
+        click.echo(f"hold check: {why}", err=not ok)
+    raise SystemExit(0 if ok else NO)
+
+
+@cli.command("release")
+@click.argument("lease_id")
+def release_cmd(lease_id: str) -> None:
+    """End a lease (yours, or any as root): its tree is stopped, with the survivor check."""
+    from hold.client.connection import DaemonSilent
+
+    client = _client()
+    try:
+        client.send({"op": "release", "lease": lease_id})
+        # The answer comes once the lease's tree is stopped (its grace, at
+        # most an hour); meanwhile the daemon must go on answering (ping).
+        client.ping()
+        ans = client.recv_alive(time.monotonic() + RELEASE_TIMEOUT)
+    except DaemonSilent as e:
+        _fail(f"{e}; lease {lease_id} may not be released", TOOL)
+    except TimeoutError:
+        _fail(
+            f"the ticket daemon did not say lease {lease_id} was released within "
+            f"{RELEASE_TIMEOUT:g} s",
+            TOOL,
+        )
+    if ans is None or ans.get("ev") == "error":
+        _fail(
+            str(ans.get("error") if ans else "the daemon closed the connection"),
+            int(ans.get("code", USAGE)) if ans else TOOL,
+        )
+    survivors = ans.get("survivors") or []
+    for s in survivors:
+        click.echo(f"hold: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True)
+    click.echo(f"hold: lease {lease_id} released")
+    raise SystemExit(SURVIVORS if survivors else 0)
+
+
+@cli.command("audit")
+@click.option(
+    "--device",
+    "cls",
+    default=None,
+    metavar="CLASS",
+    help="Only this device class.",
+    shell_complete=class_values,
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
+@click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
+@click.option("--yes", is_flag=True, help="With --kill: do not ask.")
+@click.option("--grace", default="10s", show_default=True, help="With --kill: grace period.")
+def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str) -> None:
+    """Every process holding a device node, and the lease that covers it (or STRAY).
+
+    Exit 0 when every holder is covered, 1 when any is stray, 3 when --kill
+    left survivors.
+    """
+    from hold.cli.audit import run_audit  # also hold.cli.entry's way in, without click
+
+    raise SystemExit(run_audit(cls, as_json, kill, yes, grace))
+
+
+# ---------------------------------------------------------------------- stacks (hold.cli.stack)
+
+
+@cli.command("report")
+@click.option(
+    "--since",
+    metavar="DURATION|DATE",
+    help="Only from then: a duration back from now (7d, 12h) or a date "
+    "(2025-05-01, 2025-05-01T08:00).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (version 1).")
+def report_cmd(since: str | None, as_json: bool) -> None:
+    """Who used which device, for how long: per user and per device, leased and held
+    time, waits in line, expiries, releases by others, strays seen (the daemon's history).
+
+    Every user sees everyone's totals; other users' labels only where the
+    configuration says report: {labels: true}, and never a private one.
+    """
+    from hold.errors import HoldError
+    from hold.views.report import fetch, main_report, parse_since
+    from hold_supervisor.exitcodes import TOOL
+    from hold_supervisor.parse import BadValue
+
+    cfg, _ = _classes()
+    try:
+        doc = fetch(_state_dir(), parse_since(since, time.time()), cfg.report_labels)
+    except BadValue as e:
+        _fail(str(e))
+    except HoldError as e:
+        _fail(str(e), TOOL)
+    main_report(doc, as_json)
+
+
+@cli.command("metrics")
+@click.option(
+    "--output",
+    metavar="FILE",
+    help="Write the text there atomically (node_exporter's textfile collector).",
+)
+def metrics_cmd(output: str | None) -> None:
+    """This machine's devices and tickets in Prometheus' text format: per device
+    leased, holder, waiters, lease age, strays; per class grants, expiries, waits."""
+    from hold.views.audit import build_report
+    from hold.views.metrics import main_metrics
+    from hold_supervisor.safefile import UnsafePath
+
+    _, classes = _classes()
+    ans = _client().request({"op": "status"})
+    try:
+        raise SystemExit(main_metrics(ans, build_report(_state_dir(), classes, None), output))
+    except (UnsafePath, OSError) as e:
+        _fail(f"cannot write {output}: {e}")
+
+
+@cli.command("up")
+@click.argument("file", type=click.Path())
+@click.option("--detach", "-d", is_flag=True, help="Run in the background; return once it is up.")
+@click.option(
+    "--for", "run_for", metavar="DURATION", help="Stop the stack this long after it is up."
+)
+@click.option("--status-fd", type=int, hidden=True)
+def up_cmd(file: str, detach: bool, run_for: str | None, status_fd: int | None) -> None:
+    """Start the units of a stack FILE in dependency order and supervise them."""
+    from hold.cli.stack import main_up
+
+    raise SystemExit(main_up(file, detach=detach, run_for=run_for, status_fd=status_fd))
+
+
+@cli.command("validate")
+@click.argument("file", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="The resolved stack as JSON (versioned).")
+def validate_cmd(file: str, as_json: bool) -> None:
+    """Check a stack FILE without starting anything (every error, with its line), and
+    show what hold up would do."""
+    from hold.cli.stack import main_validate
+
+    raise SystemExit(main_validate(file, as_json))
+
+
+@cli.command("ps")
+@click.argument("name", required=False, shell_complete=stack_values)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ps_cmd(name: str | None, as_json: bool) -> None:
+    """Running stacks, or the units of stack NAME."""
+    from hold.cli.stack import main_ps
+
+    raise SystemExit(main_ps(name, as_json))
+
+
+@cli.command("logs")
+@click.argument("name", shell_complete=stack_values)
+@click.argument("unit", required=False, shell_complete=unit_values)
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines while the stack runs.")
+@click.option("--lines", "-n", type=click.IntRange(min=0), help="Only the last N lines.")
+@click.option(
+    "--since",
+    metavar="DURATION|TIME",
+    help="Only lines from then on: 10m, 2h, 17:05, 2026-12-01T17:05.",
+)
+def logs_cmd(
+    name: str, unit: str | None, follow: bool, lines: int | None, since: str | None
+) -> None:
+    """The output of stack NAME: every unit's, interleaved by time, or UNIT's."""
+    from hold.cli.stack import main_logs
+
+    raise SystemExit(main_logs(name, unit, follow, lines, since))
+
+
+@cli.command("down")
+@click.argument("name", shell_complete=stack_values)
+def down_cmd(name: str) -> None:
+    """Stop stack NAME: reverse order, each unit's signal and grace, survivor check."""
+    from hold.cli.stack import main_down
+
+    raise SystemExit(main_down(name))
+
+
+@cli.command("restart")
+@click.argument("name", shell_complete=stack_values)
+@click.argument("unit", shell_complete=unit_values)
+def restart_cmd(name: str, unit: str) -> None:
+    """Stop UNIT of stack NAME (its whole tree) and start it again."""
+    from hold.cli.stack import main_restart
+
+    raise SystemExit(main_restart(name, unit))
+
+
+@cli.command("call")
+@click.argument("name", shell_complete=stack_values)
+@click.argument("unit", shell_complete=unit_values)
+@click.option(
+    "--arg",
+    "arg_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An argument, read by its declared type (repeatable).",
+)
+@click.option("--json-args", metavar="FILE|-", help="Arguments as a JSON object (- for stdin).")
+@click.option("--no-wait", is_flag=True, help="Exit 75 at once if every slot is taken.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
+def call_cmd(
+    name: str,
+    unit: str,
+    arg_pairs: tuple[str, ...],
+    json_args: str | None,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Run task UNIT of the running stack NAME once; its stdout, and its exit status.
+
+    The stack checks the arguments (exit 2 if refused), runs the task on its
+    CPU lane and stops it at its timeout (exit 124). Ctrl-C cancels the call.
+    """
+    from hold.cli.call import main_call
+
+    raise SystemExit(main_call(name, unit, list(arg_pairs), json_args, no_wait, as_json))
+
+
+@cli.command("completion")
+@click.argument("shell", type=click.Choice(SHELLS))
+def completion_cmd(shell: str) -> None:
+    """Print the shell completion script of hold, npu-hold and gpu-hold.
+
+    \b
+    bash, in ~/.bashrc:                eval "$(hold completion bash)"
+    zsh, in ~/.zshrc after compinit:   eval "$(hold completion zsh)"
+    fish, in config.fish:              hold completion fish | source
+    """
+    click.echo(script(shell, cli), nl=False)
+
+
+__all__ = ["cli", "help_text"]

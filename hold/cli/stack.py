@@ -1,0 +1,238 @@
+"""``hold up / ps / logs / down / restart / validate``: stacks, composed with tickets.
+
+:mod:`hold_supervisor.stack.stack` runs the units and knows nothing of devices. The
+``hold`` side adds what ``hold`` is for, in rooms of their own:
+
+* :mod:`hold.cli.stackdir`: where a stack lives (``HOLD_STATE_DIR/stacks/NAME/``:
+  ``control.sock``, ``logs/UNIT.log``, ``stack.json``, ``supervisor.log`` for
+  a detached stack), its file checked by our rules, asking a running stack;
+* :mod:`hold.cli.up`: ``hold up`` (the ticket, the trees registered with the
+  daemon, the stack run inside the ticket; ``--detach``);
+* :mod:`hold.cli.down`: ``hold down`` and ``hold restart``;
+* here: the read-only commands, ``hold validate``, ``hold ps``, ``hold logs``,
+  and every command's entry point under its old name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from hold.cli.down import main_down, main_restart
+from hold.cli.logs import main_logs
+from hold.cli.stackdir import (
+    PS_WAIT,
+    ask,
+    load_checked,
+    no_such_stack,
+    not_answering,
+    open_sd,
+    run_dir_of,
+    say,
+    supervisor_of,
+)
+from hold.cli.up import main_up
+from hold.cli.validate import main_validate
+from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
+from hold_supervisor.parse import BadValue, format_duration
+
+__all__ = [
+    "load_checked",
+    "main_down",
+    "main_logs",
+    "main_ps",
+    "main_restart",
+    "main_up",
+    "main_validate",
+    "run_dir_of",
+    "say",
+]
+
+
+# ---------------------------------------------------------------------- ps
+
+
+def main_ps(name: str | None, as_json: bool) -> int:
+    """``hold ps [NAME]``: 0; 1 if NAME is not running; 124 if a stack did not
+    answer within :data:`~hold.cli.stackdir.PS_WAIT` (named, with its supervisor's pid)."""
+    from hold_supervisor.stack.controlsock import NoAnswer
+
+    silent: list[str] = []
+    try:
+        if name is None:
+            stacks, silent = _running_stacks()
+        else:
+            try:
+                ans = ask(name, {"op": "ps"}, timeout=PS_WAIT)
+            except NoAnswer:
+                ans = None
+                silent = [name]
+            stacks = [ans] if ans is not None else []
+    except BadValue as e:
+        say(str(e), "hold ps")
+        return USAGE
+    if name is not None and silent:
+        _say_silent(name)
+        return EXPIRED
+    if name is not None and not stacks:
+        no_such_stack(name, "hold ps")
+        return NO
+    if as_json:
+        shown = [public(s) for s in stacks]
+        doc: Any = {"version": PS_VERSION, "stacks": shown} if name is None else shown[0]
+        if silent:
+            doc["not_answering"] = [
+                {"stack": n, "pid": supervisor_of(n), "waited_s": PS_WAIT} for n in silent
+            ]
+        print(json.dumps(doc, indent=2))
+    elif name is None:
+        _print_stacks(stacks, silent)
+    else:
+        _print_stack(stacks[0])
+    for n in silent:
+        _say_silent(n)
+    return EXPIRED if silent else 0
+
+
+def _say_silent(name: str) -> None:
+    say(
+        f"{not_answering(name, supervisor_of(name), PS_WAIT)}; "
+        f"hold down {name} stops its units through the ticket daemon",
+        "hold ps",
+    )
+
+
+PS_VERSION = 1
+_WIRE = ("ev", "done")  # the control channel's framing, not the stack's state
+
+
+def public(ans: dict[str, Any]) -> dict[str, Any]:
+    """A stack's ``ps`` answer as ``hold ps --json`` shows it: versioned, no framing."""
+    return {"version": PS_VERSION, **{k: v for k, v in ans.items() if k not in _WIRE}}
+
+
+def _running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
+    """The running stacks' ``ps`` answers, and the names of those that did not
+    answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
+    stack costs that wait once, not once per stack)."""
+    import threading
+
+    from hold_supervisor.stack.controlsock import NoAnswer, request
+
+    base = open_sd().stacks()
+    socks = {
+        name: path
+        for name in sorted(os.listdir(base))
+        if os.path.exists(path := os.path.join(base, name, "control.sock"))
+    }
+    answers: dict[str, dict[str, Any] | None] = {}
+
+    def one(name: str) -> None:
+        try:
+            answers[name] = request(socks[name], {"op": "ps"}, timeout=PS_WAIT)
+        except NoAnswer:
+            answers[name] = None
+        except (OSError, ValueError):
+            pass  # not running (a dead stack's socket), or not a stack's answer
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()  # each ends within its request's deadlines
+    out = [a for n in socks if (a := answers.get(n)) is not None]
+    silent = [n for n in socks if n in answers and answers[n] is None]
+    return out, silent
+
+
+def _record(name: str) -> dict[str, Any]:
+    """The stack's ``stack.json`` (its file, when it started), or {}."""
+    try:
+        with open(os.path.join(run_dir_of(open_sd(), name), "stack.json"), "rb") as f:
+            rec = json.loads(f.read(1 << 16))
+    except (OSError, ValueError, BadValue):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
+    """``hold ps``: one line per running stack; one that did not answer is there too,
+    with what is known of it (its supervisor, its file)."""
+    if not stacks and not silent:
+        print("no stack is running")
+        return
+    rows = [["STACK", "PID", "UNITS", "READY", "UPTIME", "FILE"]]
+    for s in stacks:
+        ready = sum(1 for u in s["units"] if u["state"] == "ready")
+        rows.append(
+            [
+                s["stack"],
+                str(s["pid"]),
+                str(len(s["units"])),
+                str(ready),
+                format_duration(s["uptime"]),
+                s["file"],
+            ]
+        )
+    for name in silent:
+        rec = _record(name)
+        pid = supervisor_of(name)
+        rows.append([name, str(pid or "?"), "?", "?", "not answering", str(rec.get("file", "?"))])
+    rows[1:] = sorted(rows[1:])
+    print(_table(rows))
+
+
+def _print_stack(s: dict[str, Any]) -> None:
+    """``hold ps NAME``: its units, then its running calls."""
+    print(
+        f"stack {s['stack']} (pid {s['pid']}, {s['phase']}, up {format_duration(s['uptime'])}) "
+        f"from {s['file']}"
+    )
+    head = ["UNIT", "KIND", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]
+    rows = [[*head, "LIVENESS"]]
+    optional = False
+    for u in s["units"]:
+        essential = u.get("essential", True)
+        optional = optional or not essential
+        rows.append(
+            [
+                u["unit"] + ("" if essential else "*"),
+                u.get("kind", "service"),
+                u["state"],
+                str(u["pid"] or "-"),
+                str(u["port"] or "-"),
+                str(u["restarts"]),
+                format_duration(u["uptime"]),
+                u["cpus"] or "-",
+                u["ready"],
+                u.get("liveness") or "-",
+            ]
+        )
+    print(_table(rows))
+    if optional:
+        print("* not essential: its end is reported, the rest keeps running")
+    calls = s.get("calls") or []
+    if calls:
+        print()
+        rows = [["CALL", "UNIT", "STATE", "PID", "RUNNING", "QUEUED", "CPUS"]]
+        for c in calls:
+            rows.append(
+                [
+                    c["call"],
+                    c["unit"],
+                    c["state"],
+                    str(c["pid"] or "-"),
+                    format_duration(c["running_s"]),
+                    format_duration(c["queued_s"]),
+                    c["cpus"],
+                ]
+            )
+        print(_table(rows))

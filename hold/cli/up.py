@@ -1,0 +1,394 @@
+"""``hold up``: a stack run inside a ticket, in the foreground or detached.
+
+* with ``hold:`` in the file, the ticket is taken first (waiting in line as
+  ``npu-hold`` does, through :func:`hold.client.lease.acquire_lease`), and every
+  unit gets its variables (``HOLD_LEASE``, ``CUDA_VISIBLE_DEVICES``...) and
+  runs inside it, so units pass ``hold check``;
+* every unit's tree is registered with the daemon before anything is spawned
+  (marker and cgroup leaf) and its root after each spawn, so a ``hold up``
+  that is SIGKILLed leaves nothing: the daemon, the guardian, stops them;
+* ``--detach`` hands the validated stack (JSON) to a background supervisor
+  (:mod:`hold.cli.upchild`) and returns once it is up (:class:`StatusPipe`
+  carries what it says until then). The file is read and checked once, here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from hold.cli.stackdir import load_checked, open_sd, run_dir_of, say
+from hold_supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
+from hold_supervisor.parse import BadValue
+
+if TYPE_CHECKING:
+    from hold.client.connection import Client
+    from hold.config import Config
+    from hold.statedir import StateDir
+    from hold_supervisor.cause import Cause
+    from hold_supervisor.proc.cgroup import Leaf
+    from hold_supervisor.proc.tree import Tree
+    from hold_supervisor.stack.stack import Stack
+    from hold_supervisor.stackfile.spec import StackSpec
+
+
+class UpSettings(NamedTuple):
+    """What a stack's run takes from the configuration, resolved once by the
+    command: a background supervisor gets these (JSON) and reads no YAML.
+
+    ``digest``: the configuration's fingerprint (a stack with a ticket must be
+    granted by a daemon that reads the same file); ``device``: the ticket's class
+    and indices (``hold:``), checked against the configuration's classes."""
+
+    cgroups: str
+    digest: str | None
+    device: tuple[str, tuple[int, ...] | None] | None
+
+    @classmethod
+    def of(cls, spec: StackSpec, cfg: Config) -> UpSettings:
+        from hold.config import fingerprint
+        from hold.devices.classes import classes_from_config, parse_device_spec
+
+        if spec.hold is None:
+            return cls(cfg.cgroups, None, None)
+        classes = classes_from_config(cfg.devices, cfg.path)
+        device = parse_device_spec(spec.hold.device, classes, what="device")
+        return cls(cfg.cgroups, fingerprint(cfg.path), device)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> UpSettings:
+        dev = data.get("device")
+        device = (str(dev[0]), None if dev[1] is None else tuple(dev[1])) if dev else None
+        return cls(str(data["cgroups"]), data.get("digest"), device)
+
+
+def with_scratch_floor(spec: StackSpec, floor: int | None) -> StackSpec:
+    """``spec`` with the configuration's scratch floor (``scratch: {min_free}``) for
+    every unit's scratch that names none of its own (None: the built-in default)."""
+    if floor is None:
+        return spec
+    import dataclasses
+
+    units = {
+        name: dataclasses.replace(u, scratch=dataclasses.replace(u.scratch, min_free=floor))
+        if u.scratch is not None and u.scratch.min_free is None
+        else u
+        for name, u in spec.units.items()
+    }
+    return dataclasses.replace(spec, units=units)
+
+
+def main_up(
+    path: str, *, detach: bool = False, run_for: str | None = None, status_fd: int | None = None
+) -> int:
+    """``hold up``; the exit status (see the README's table)."""
+    starter = None
+    if detach:
+        from hold.cli.upchild import Starter
+
+        # First: the background interpreter starts and imports while we validate.
+        starter = Starter()
+    from hold.config import load
+    from hold_supervisor.parse import parse_duration
+    from hold_supervisor.stackfile.load import StackFileError
+
+    try:
+        seconds = (
+            parse_duration(run_for, what="--for", plain_unit="seconds")
+            if run_for is not None
+            else None
+        )
+        cfg = load()  # once for the whole command, passed down
+        spec = with_scratch_floor(load_checked(path, cfg), cfg.scratch_min_free)
+        settings = UpSettings.of(spec, cfg)
+        sd = open_sd()
+    except StackFileError as e:
+        if starter is not None:
+            starter.abandon()
+        for line in e.errors:
+            print(line, file=sys.stderr)
+        return USAGE
+    except BadValue as e:
+        if starter is not None:
+            starter.abandon()
+        say(str(e))
+        return USAGE
+    if starter is not None:
+        code = starter.hand_over(spec, settings, seconds)
+        if code == 0:
+            # The command ends now, the stack up: freezing what it made skips the
+            # interpreter's last collection over it (~5 ms of the return, issue 13).
+            import gc
+
+            gc.freeze()
+        return code
+    return run_up(spec, sd, settings, seconds, status_fd)
+
+
+def run_up(
+    spec: StackSpec,
+    sd: StateDir,
+    settings: UpSettings,
+    seconds: float | None,
+    status_fd: int | None,
+) -> int:
+    """The stack's run, in the foreground or as the background supervisor."""
+    # Until the stack's own loop takes the stop signals over, one ends this
+    # run cleanly: it may be waiting for a ticket or making its trees, and
+    # `hold down` of a stack that is starting sends exactly that.
+    from hold.cli.interrupt import Interrupted, interrupting
+
+    try:
+        with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)):
+            return StackRun(spec, sd, settings, seconds, status_fd).execute()
+    except Interrupted as e:
+        say(
+            f"stack {spec.name} stopped while starting ({signal.Signals(e.signum).name}); "
+            "nothing is left running"
+        )
+        return signalled(e.signum)
+
+
+class StatusPipe:
+    """A detached ``hold up`` tells its starter what it says, then that it is ready,
+    as JSON lines on an inherited descriptor; afterwards it talks to its log."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        # Ours alone: a daemon we autostart must not inherit it and keep the
+        # starter waiting for an end of file that never comes.
+        os.set_inheritable(fd, False)
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                try:
+                    os.write(self.fd, json.dumps({"line": text}).encode() + b"\n")
+                    return
+                except OSError:
+                    self._close()
+        print(text, file=sys.stderr, flush=True)
+
+    def ready(self) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                try:
+                    os.write(self.fd, b'{"ready": true}\n')
+                except OSError:
+                    pass
+                self._close()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                self._close()
+
+    def _close(self) -> None:
+        os.close(self.fd)
+        self.fd = -1
+
+
+class StackRun:
+    """One ``hold up`` in the foreground: daemon, ticket, then the
+    :class:`~hold_supervisor.stack.stack.Stack`."""
+
+    def __init__(
+        self,
+        spec: StackSpec,
+        sd: StateDir,
+        settings: UpSettings,
+        run_for: float | None,
+        status_fd: int | None,
+    ) -> None:
+        self.spec = spec
+        self.sd = sd
+        self.settings = settings
+        self.run_for = run_for
+        self.status = StatusPipe(status_fd) if status_fd is not None else None
+        self.client: Client | None = None
+        self.send_lock = threading.Lock()
+        self.leased = False
+
+    def say(self, text: str) -> None:
+        if self.status is not None:
+            self.status.write(f"hold up: {text}")
+        else:
+            say(text)
+
+    def execute(self) -> int:
+        from hold_supervisor.proc.cgroup import CgroupUnavailable, hierarchy_for
+        from hold_supervisor.stack.display import Display
+        from hold_supervisor.stack.stack import Stack, StackError
+
+        spec = self.spec
+        try:
+            hierarchy = hierarchy_for(self.settings.cgroups)
+        except CgroupUnavailable as e:
+            self.say(f"cgroups: required, but {e}")
+            return USAGE
+        display = Display(write=self.status.write, live=False) if self.status else Display()
+        stack = Stack(
+            spec,
+            run_dir=run_dir_of(self.sd, spec.name),
+            hierarchy=hierarchy,
+            environ=os.environ,
+            display=display,
+            on_tree_prepared=self._on_tree_prepared,
+            on_started=self._on_started,
+            run_for=self.run_for,
+            on_ready=self.status.ready if self.status else None,
+            on_stopped=self._end_lease,
+            # Detached, the file as the command named it, from where it was named.
+            source=os.path.abspath(spec.path) if self.status else "",
+        )
+        try:
+            stack.prepare()  # refusals (name taken, port taken...) before waiting for a device
+        except StackError as e:
+            for line in e.errors:
+                self.say(line)
+            return e.code
+
+        with stack.until_run():  # its lock and logs let go on every way out, unless it ran
+            return self._run(stack)
+
+    def _run(self, stack: Stack) -> int:
+        """The daemon, the ticket, then the stack itself."""
+        from hold.client.connection import Client, ConfigMismatch, DaemonUnreachable
+        from hold_supervisor.stack.stack import StackError
+
+        spec = self.spec
+        # The daemon before the stack starts: if we have to start one, it must
+        # not become our child while we are a subreaper (the stack may make us one).
+        try:
+            self.client = Client.with_session(self.sd, config=self.settings.digest)
+        except ConfigMismatch as e:
+            self.say(str(e))
+            return USAGE
+        except (DaemonUnreachable, OSError, TimeoutError) as e:
+            if spec.hold is not None:
+                self.say(f"cannot reach the ticket daemon: {e}")
+                return TOOL
+            self.say(
+                f"warning: no guardian for this stack ({e}); its units are stopped "
+                "only while this process lives"
+            )
+            self.client = None
+        try:
+            env: dict[str, str] = {}
+            if spec.hold is not None:
+                code = self._acquire(env)
+                if code is not None:
+                    return code
+            if self.client is not None:
+                stack.extra[self.client.fileno()] = self._on_daemon
+            try:
+                result = stack.run(extra_env=env)
+            except StackError as e:
+                for line in e.errors:
+                    self.say(line)
+                return e.code
+            return result.code
+        finally:
+            if self.client is not None:
+                self._end_lease()  # if the stack did not (it never ran)
+                self.client.close()
+            if self.status is not None:
+                self.status.close()  # the starter reads its end of file: not ready
+
+    def _acquire(self, env: dict[str, str]) -> int | None:
+        from hold.client.lease import DEFAULT_TTL, acquire_lease
+
+        hold = self.spec.hold
+        assert hold is not None and self.settings.device is not None
+        if self.client is None:
+            return TOOL
+        cls, indices = self.settings.device
+        grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
+        got = acquire_lease(
+            self.client,
+            self.sd,
+            self.say,
+            cls=cls,
+            indices=indices,
+            count=len(indices) if indices else 1,
+            label=hold.label or self.spec.name,
+            ttl=hold.ttl or DEFAULT_TTL,
+            grace=grace,
+            wait=True,
+            wait_timeout=None,
+            tree=None,
+            env=env,
+        )
+        if isinstance(got, int):
+            return got
+        self.leased = True
+        self.say(
+            f"inside lease {got.lease} ({env.get('HOLD_DEVICES')}) until "
+            f"{time.strftime('%H:%M:%S', time.localtime(got.expires))}"
+        )
+        return None
+
+    # Hooks called by the stack -----------------------------------------------
+
+    def _end_lease(self) -> None:
+        """The lease is over before ``hold down`` is answered (and when ``hold up`` returns)."""
+        if self.leased and self.client is not None:
+            self.leased = False
+            self.client.end()
+
+    def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
+        from hold.client.connection import DaemonUnreachable
+        from hold.protocol import ProtocolError
+        from hold_supervisor.stack.stack import StackError
+
+        client = self.client
+        if client is None:
+            return
+        try:
+            # The unit's own grace: the daemon gives it when it stops the tree for us.
+            grace = self.spec.units[unit].stop.grace
+            ans = client.request_renewing(
+                {
+                    "op": "tree",
+                    "tree_id": tree_id,
+                    "leaf": leaf.path if leaf else None,
+                    "grace": grace,
+                }
+            )
+        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
+            raise StackError(
+                [f"lost the ticket daemon while registering {unit}: {e}"], TOOL
+            ) from None
+        if ans.get("ev") != "ok":
+            msg = f"the daemon refused to guard unit {unit}: {ans.get('error')}"
+            if self.spec.hold is not None:
+                raise StackError([msg], TOOL)
+            self.say(f"warning: {msg}")
+
+    def _on_started(self, unit: str, tree: Tree) -> None:
+        client = self.client
+        if client is None or tree.root is None:
+            return
+        with self.send_lock:  # called from several start threads at once
+            try:
+                client.send({"op": "root", "tree_id": tree.tree_id, "pid": tree.root.pid})
+            except OSError:
+                pass
+
+    def _on_daemon(self, fd: int) -> Cause | None:
+        from hold.client.lease import daemon_event
+        from hold_supervisor.cause import Cause
+
+        assert self.client is not None
+        ev = daemon_event(self.client, self.say)
+        if ev is None:
+            return None
+        kind, detail = ev
+        code = {"expired": EXPIRED, "released": RELEASED}.get(kind, TOOL)
+        return Cause(kind, detail, code)

@@ -1,0 +1,332 @@
+"""Machine-wide device locks: one holder per device, whichever arbiter grants it.
+
+Every daemon -- the system daemon, or a user's own when none serves -- takes a
+device's kernel lock before it grants the device and keeps it until the
+lease's trees are stopped. The lock is ``flock(2)`` on a file in a
+machine-wide directory (root-owned, sticky, world-writable: ``/run/lock``),
+named by the device's identity (:func:`hold.devices.classes.node_key`), never by an
+index or a path: two users whose configurations reach one node by different
+paths still meet on one lock.
+
+With the grant the daemon passes its open file description to the client
+(``SCM_RIGHTS``). A flock belongs to the open file description, not to a
+process, so the lock lasts while *either* of them holds it: a SIGKILLed
+client leaves it with the daemon until the tree is stopped, a SIGKILLed
+daemon leaves it with the client until a new daemon takes it back. No single
+SIGKILL frees a device whose lease's tree may still run.
+
+The file's content says whose lease it is (uid, user, holder pid and start
+time, since, until, lease id; the label only where the owner allows it), so
+that a waiter served by another arbiter can be told who is in the way. The
+content informs; only the kernel lock decides.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import queue
+import stat
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from hold.errors import HoldError
+from hold_supervisor.parse import BadValue
+
+# Searched in this order; the first that is a root-owned, sticky,
+# world-writable directory is used. Only root (or the directory's owner) can
+# delete another user's file in such a directory, so nobody can swap a lock
+# file under a holder. /run/lock first: /tmp may be private to a service
+# (systemd's PrivateTmp), and then two arbiters would not meet.
+LOCK_DIRS = ("/run/lock", "/dev/shm", "/tmp")
+MAX_RECORD = 4096
+
+
+class LockUnusable(HoldError):
+    """The lock file cannot be used (not a regular file, or not ours to open):
+    the device counts as held, by whoever owns the file."""
+
+
+def lock_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """The machine-wide lock directory (``HOLD_LOCK_DIR`` overrides it, for tests only:
+    arbiters with different lock directories do not exclude each other)."""
+    explicit = environ.get("HOLD_LOCK_DIR")
+    if explicit:
+        return explicit
+    for cand in LOCK_DIRS:
+        try:
+            st = os.stat(cand)
+        except OSError:
+            continue
+        if (
+            stat.S_ISDIR(st.st_mode)
+            and st.st_uid == 0
+            and st.st_mode & stat.S_ISVTX
+            and st.st_mode & 0o002
+        ):
+            return cand
+    raise BadValue(
+        "device lock directory",
+        " or ".join(LOCK_DIRS),
+        "a root-owned, sticky, world-writable directory (mode 1777) for the machine-wide "
+        "device locks",
+    )
+
+
+def lock_path(directory: str, key: str) -> str:
+    return os.path.join(directory, f"hold-dev-{key}.lock")
+
+
+def open_lock(path: str) -> int:
+    """Open the lock file, creating it (mode 0666) if it is missing.
+
+    Never through a symlink (``O_NOFOLLOW``), never a FIFO or device
+    (``O_NONBLOCK`` so that opening one cannot hang, then checked). An
+    existing file is opened without ``O_CREAT``: with ``fs.protected_regular``
+    the kernel refuses ``O_CREAT`` on another user's file in a sticky
+    directory, even one that exists.
+    """
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    for _ in range(5):
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                continue  # made by someone else meanwhile: open theirs
+            os.fchmod(fd, 0o666)  # the umask would keep other users out
+        except OSError as e:
+            raise LockUnusable(f"{path}: {e.strerror}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise LockUnusable(f"{path} is not a regular file")
+        return fd
+    raise LockUnusable(f"{path} keeps appearing and disappearing")
+
+
+def try_lock(fd: int) -> bool:
+    """Take the exclusive lock on ``fd`` if nobody holds it; never waits."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def acquire(path: str) -> int | None:
+    """The locked descriptor of ``path``, or None if another holds the lock."""
+    fd = open_lock(path)
+    if try_lock(fd):
+        return fd
+    os.close(fd)
+    return None
+
+
+def wait(path: str) -> int:
+    """Block until the lock of ``path`` is ours; its descriptor (for a waiter thread)."""
+    fd = open_lock(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def same_file(fd: int, path: str) -> bool:
+    """Is ``fd`` the file at ``path`` (a descriptor handed back by a client)?"""
+    try:
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def write_owner(fd: int, record: dict[str, Any]) -> None:
+    """Say whose lease holds the lock (only the lock's holder calls this)."""
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()[:MAX_RECORD]
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def read_owner(path: str) -> dict[str, Any] | None:
+    """What the lock file says of its holder; None if absent or not a record.
+
+    Anyone may write the file, so every field is checked before use and none
+    of it authorises anything.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.pread(fd, MAX_RECORD, 0)
+    finally:
+        os.close(fd)
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(rec, dict):
+        return None
+    out: dict[str, Any] = {}
+    for name, kind in (
+        ("uid", int),
+        ("pid", int),
+        ("start", int),
+        ("daemon_pid", int),
+        ("since", float),
+        ("until", float),
+        ("user", str),
+        ("lease", str),
+        ("label", str),
+        ("cls", str),
+        ("arbiter", str),
+    ):
+        value = rec.get(name)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, kind) and not isinstance(value, bool):
+            out[name] = value[:200] if isinstance(value, str) else value
+    return out
+
+
+def locked_inodes() -> set[tuple[int, int, int]]:
+    """``(major, minor, inode)`` of every file with a flock held now, from ``/proc/locks``.
+
+    Read instead of probing with a shared lock of our own: a probe would make
+    another arbiter's non-blocking attempt fail for an instant.
+    """
+    out: set[tuple[int, int, int]] = set()
+    try:
+        with open("/proc/locks", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; "->" marks a waiter
+        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK":
+            continue
+        try:
+            maj, mnr, ino = parts[5].split(":")
+            out.add((int(maj, 16), int(mnr, 16), int(ino)))
+        except ValueError:
+            continue
+    return out
+
+
+def is_locked(path: str, locked: set[tuple[int, int, int]] | None = None) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = locked_inodes() if locked is None else locked
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held
+
+
+class Locks:
+    """The machine-wide locks one daemon holds, and those it waits for.
+
+    Keyed by device key (:func:`hold.devices.classes.node_key`). A lock another
+    arbiter holds gets one waiter thread, blocked in ``flock``; when it
+    returns, the lock is this daemon's and ``wake`` is called, and the loop
+    learns which keys changed from :meth:`collect`. Never blocks the caller.
+    """
+
+    def __init__(self, directory: str, wake: Callable[[], None]) -> None:
+        self.directory = directory
+        self.wake = wake
+        self.fds: dict[str, int] = {}  # key -> our locked descriptor
+        self.waiting: set[str] = set()  # keys a waiter thread is blocked on
+        self._got: queue.SimpleQueue[tuple[str, int | None]] = queue.SimpleQueue()
+
+    def path(self, key: str) -> str:
+        return lock_path(self.directory, key)
+
+    def take(self, key: str) -> dict[str, Any] | None:
+        """None once the lock of ``key`` is ours; else whose it is (its record, or
+        ``{"error": why}`` for a lock file that cannot be used), waited for."""
+        if key in self.fds:
+            return None
+        path = self.path(key)
+        try:
+            fd = acquire(path)
+        except LockUnusable as e:
+            return {"error": str(e)}  # nothing to wait on: tried again later
+        if fd is not None:
+            self.fds[key] = fd
+            return None
+        if key not in self.waiting:
+            self.waiting.add(key)
+            threading.Thread(target=self._wait, args=(key, path), daemon=True).start()
+        return read_owner(path) or {}
+
+    def take_if_free(self, key: str) -> None:
+        """Take ``key``'s lock if nobody holds it; never wait (a restarted daemon's
+        leases: their holders, if alive, hand theirs back when they re-attach)."""
+        if key not in self.fds:
+            try:
+                fd = acquire(self.path(key))
+            except LockUnusable:
+                return
+            if fd is not None:
+                self.fds[key] = fd
+
+    def _wait(self, key: str, path: str) -> None:
+        """(Worker) block until the other arbiter lets go; hand the lock to the loop."""
+        fd: int | None
+        try:
+            fd = wait(path)
+        except (LockUnusable, OSError):
+            fd = None
+        self._got.put((key, fd))
+        self.wake()
+
+    def collect(self) -> set[str]:
+        """The keys whose waiter came back (the lock is ours now, or it failed)."""
+        done: set[str] = set()
+        while True:
+            try:
+                key, fd = self._got.get_nowait()
+            except queue.Empty:
+                return done
+            self.waiting.discard(key)
+            done.add(key)
+            if fd is not None:
+                if key in self.fds:
+                    os.close(fd)
+                else:
+                    self.fds[key] = fd
+
+    def release_unused(self, used: set[str]) -> None:
+        """Let go of every lock not in ``used`` (its record emptied: that lease is over)."""
+        for key in [k for k in self.fds if k not in used]:
+            fd = self.fds.pop(key)
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
+            os.close(fd)
+
+    def take_back(self, key: str, fds: list[int]) -> None:
+        """A re-attaching client hands back its lease's locks (after our restart).
+
+        Believed only for what they are: the lock file of ``key`` (same inode),
+        whose lock that descriptor holds."""
+        path = self.path(key)
+        for fd in fds:
+            if key not in self.fds and same_file(fd, path) and try_lock(fd):
+                self.fds[key] = os.dup(fd)
+
+    def held_elsewhere(self, key: str, locked: set[tuple[int, int, int]]) -> dict[str, Any] | None:
+        """The record of ``key``'s lock if another arbiter holds it now, else None."""
+        if key in self.fds or not is_locked(self.path(key), locked):
+            return None
+        return read_owner(self.path(key)) or {}

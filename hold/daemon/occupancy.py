@@ -1,0 +1,367 @@
+"""Is a device empty? The kernel's count of its open files, and the holder scan where
+the count cannot answer.
+
+Nobody is handed a device that is not empty. A scan of every process's
+descriptors and mappings (:mod:`hold.devices.holders`) answers that, but its cost
+grows with the machine; so the daemon asks the kernel instead
+(:mod:`hold.daemon.nodewatch`: ``inotify`` counts the open files of each device
+node). A device is **known empty** when a scan, started after its watch was
+in place and with no open or close of the node while it ran, found no
+holder; from then on the count says whether it still is, and a grant needs
+no scan. How far a count is believed depends on what that scan could see:
+
+* ``exact``: the scan could read every process (root, in the machine's own
+  pid namespace) and found none. Opens count up, closes down: a count back at
+  zero is an empty device again, whoever opened and closed it meanwhile
+  (the lease's command, a forked child, a passed descriptor, a mapping).
+* ``opens``: the scan could not read every process (a per-user daemon, a
+  container), or found only the class's allowed holders. A close may then
+  belong to a file the scan never saw, and a close may never cancel an open
+  it cannot be matched to: the device is empty only until the next open.
+* neither (no baseline yet, an open through another path, a close the count
+  could not match, the queue overflowed, the node replaced or not
+  watchable): the next grant scans, and that scan is the new baseline.
+
+A scan also runs where someone is known to hold the device (to name them),
+for ``hold audit``, and at a lease's end when the count is not back at zero
+(whoever took the device during the lease is stopped before anyone else gets
+it, see :func:`stop_leftovers`).
+
+This is the one place where holding something makes a process a target.
+``hold_supervisor.proc.stop`` never signals a non-member for holding a tree's regular
+file or port (anyone may open a file the moment a tree has it open); a
+*device node* of a lease is different, because using it without the lease
+breaks "one holder at a time".
+
+Scans run in the daemon's worker threads: a scan of a large machine takes a
+good fraction of a second and must not stall the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Literal, NamedTuple
+
+from hold.daemon.nodewatch import Counted, NodeWatch, WatchUnavailable
+from hold.devices.classes import DeviceClass, node_key
+from hold.devices.holders import Holder, details, device_memory, scan, targets
+from hold.devices.scancache import ScanCache
+from hold_supervisor.proc import scan as procscan
+from hold_supervisor.proc.identity import ProcessId, user_name
+from hold_supervisor.proc.stop import StopReport, stop_tree
+from hold_supervisor.proc.tree import Tree
+
+Trust = Literal["exact", "opens"]
+Holders = dict[int, list[dict[str, Any]]]  # device index -> who holds one of its nodes
+
+
+def has_nodes(cls: DeviceClass) -> bool:
+    """False for a class with only its logical device (nothing to scan)."""
+    return bool(cls.device_nodes())
+
+
+class Occupancy:
+    """The kernel's count of each device's open files, and how far it is believed.
+
+    Keyed by device key (:func:`hold.devices.classes.node_key`): one device named by
+    two classes is one count. Shared by the event loop and the workers.
+    """
+
+    def __init__(self) -> None:
+        try:
+            self.watch: NodeWatch | None = NodeWatch()
+            self.unavailable: str | None = None
+        except WatchUnavailable as e:
+            self.watch = None
+            self.unavailable = str(e)
+        self._lock = threading.Lock()
+        self.counts: dict[str, Counted] = {}  # device key -> its node's count
+        self.trust: dict[str, Trust] = {}  # device key -> how far its count is believed
+        self.not_watched: dict[str, str] = {}  # device key -> why it has no count
+
+    def fileno(self) -> int | None:
+        return self.watch.fd if self.watch is not None else None
+
+    def track(self, classes: dict[str, DeviceClass], keys: dict[str, list[str]]) -> None:
+        """Watch every device node of ``classes`` (again: each count starts over)."""
+        with self._lock:
+            if self.watch is not None:
+                for counted in self.counts.values():
+                    self.watch.forget(counted)
+            self.counts.clear()
+            self.trust.clear()
+            self.not_watched.clear()
+            for name, cls in classes.items():
+                for path in cls.device_nodes():
+                    # Each path's own key, not zipped with ``keys``: a node gone
+                    # between the two listings would shift every key after it.
+                    key = node_key(path)
+                    if key is None or key not in keys[name]:
+                        continue
+                    if key in self.counts or key in self.not_watched:
+                        continue
+                    if self.watch is None:
+                        self.not_watched[key] = f"no inotify: {self.unavailable}"
+                        continue
+                    try:
+                        self.counts[key] = self.watch.watch(path)
+                    except WatchUnavailable as e:
+                        self.not_watched[key] = str(e)
+
+    def drain(self) -> set[str]:
+        """Read the kernel's events; the device keys whose count moved."""
+        if self.watch is None:
+            return set()
+        moved = self.watch.drain()
+        with self._lock:
+            return {k for k, c in self.counts.items() if c.wd in moved}
+
+    def known_empty(self, keys: list[str]) -> bool:
+        """Does the kernel's count prove every device of ``keys`` empty now?"""
+        self.drain()
+        with self._lock:
+            return all(self._empty(k) for k in keys)
+
+    def _empty(self, key: str) -> bool:
+        c, trust = self.counts.get(key), self.trust.get(key)
+        if c is None or trust is None or c.lost is not None:
+            return False
+        assert self.watch is not None
+        if not self.watch.current(c):
+            c.lost = f"{c.path} names another inode now"
+            return False
+        if trust == "opens":
+            return not c.opened
+        return c.open_files == 0 and not (c.unpaired or c.unmatched)
+
+    def held(self, keys: list[str]) -> bool | None:
+        """Does anyone hold one of ``keys`` now: the count's answer where it is exact, else None."""
+        self.drain()
+        with self._lock:
+            out = False
+            for k in keys:
+                c = self.counts.get(k)
+                if c is None or self.trust.get(k) != "exact" or c.lost or c.unpaired or c.unmatched:
+                    return None
+                out = out or c.open_files > 0
+            return out
+
+    def why_not(self, key: str) -> str:
+        """Why ``key``'s count does not prove it empty (for the log and the benchmark)."""
+        with self._lock:
+            c = self.counts.get(key)
+            if c is None:
+                return self.not_watched.get(key, "not watched")
+            if c.lost:
+                return c.lost
+            if key not in self.trust:
+                return "no scan since the watch started"
+            if c.unpaired:
+                return "opened through another path"
+            if c.unmatched:
+                return "a close the count could not match"
+            return f"{c.open_files} open file(s)" if c.open_files else "opened since the last scan"
+
+    def mark(self, keys: list[str]) -> dict[str, int]:
+        """Before a scan: each device's events so far (after reading the kernel's queue)."""
+        self.drain()
+        with self._lock:
+            return {k: self.counts[k].events for k in keys if k in self.counts}
+
+    def settle(self, marked: dict[str, int], trust: dict[str, Trust | None]) -> set[str]:
+        """After a scan begun at ``marked``: a device the scan found empty, whose node
+        saw no open or close while it ran, is known empty from now (``trust``:
+        what the scan could see, see the module docstring); one it found held
+        is not. Returns the devices whose node was opened or closed while the
+        scan ran (its word on them may be stale: each process is read at its
+        own moment, and one read before it opened the node was seen empty)."""
+        self.drain()
+        moved: set[str] = set()
+        with self._lock:
+            for key, events in marked.items():
+                c = self.counts.get(key)
+                if c is None:
+                    continue  # a reload started the counts over meanwhile
+                how = trust.get(key)
+                if c.events != events:
+                    moved.add(key)
+                if how is None:
+                    self.trust.pop(key, None)
+                    continue
+                if key in moved or c.lost or (self.watch and not self.watch.current(c)):
+                    continue  # no baseline from this scan
+                assert self.watch is not None
+                self.watch.reset(c)
+                self.trust[key] = how
+        return moved
+
+
+class Look(NamedTuple):
+    """One scan of some devices of a class."""
+
+    found: Holders  # holders outside the class's allowed ones
+    allowed: frozenset[int]  # devices held (only) by allowed holders
+    complete: bool  # every process that may hold a device could be read (see look)
+
+    def trust(self, index: int) -> Trust | None:
+        """How far this scan lets the count of device ``index`` be believed."""
+        if index in self.found:
+            return None
+        return "exact" if self.complete and index not in self.allowed else "opens"
+
+
+def look(cls: DeviceClass, devices: list[int], cache: ScanCache | None = None) -> Look:
+    """Scan ``devices`` of ``cls``: who holds them, and what the scan could see.
+
+    ``cache``: processes read a moment ago holding nothing are not read again
+    (:mod:`hold.devices.scancache`); a scan meant to start a count must not use it.
+    """
+    tgts = {
+        k: t
+        for k, t in targets({cls.name: cls}, cls.name).items()
+        if t.unit is not None and t.unit in devices
+    }
+    if not tgts:
+        return Look({}, frozenset(), False)
+    result = scan(tgts, cache=cache)
+    found = [h for h in result.holders if not cls.allows(h.pid, h.uid)]
+    allowed = frozenset(h.unit for h in result.holders if h.unit is not None) - {
+        h.unit for h in found
+    }
+    memory = device_memory(found)
+    out: Holders = {}
+    for h in found:
+        assert h.unit is not None
+        out.setdefault(h.unit, []).append(_describe(h, memory))
+    # Complete: root in the machine's own pid namespace. A per-user daemon
+    # cannot read other users' processes, which often hold devices; what even
+    # root cannot read (a process with capabilities root here lacks, as a
+    # VM's init may have) is a blind spot of the scan itself, counted in
+    # ``not_inspected`` and left out of this rule: it would make every count
+    # on such a machine a count of opens only.
+    complete = os.geteuid() == 0 and not _nested_pid_namespace()
+    return Look(out, allowed, complete)
+
+
+def holders_of(cls: DeviceClass, devices: list[int], cache: ScanCache | None = None) -> Holders:
+    """device index -> who holds one of its nodes now (pid, user, command, memory)."""
+    return look(cls, devices, cache).found
+
+
+def checked_look(occ: Occupancy, cls: DeviceClass, devices: list[int], keys: list[str]) -> Holders:
+    """:func:`look`, and what it proves given to the count: the baseline of each device.
+
+    A scan that found a device empty while its node was opened or closed
+    may have read the opener before it opened: it is taken again (up to
+    :data:`LOOKS` in all; then its word stands, as a plain scan's would).
+    """
+    for _ in range(LOOKS):
+        marked = occ.mark(keys)
+        seen = look(cls, devices)
+        moved = occ.settle(marked, {k: seen.trust(i) for k, i in zip(keys, devices, strict=True)})
+        if not any(k in moved for k, i in zip(keys, devices, strict=True) if i not in seen.found):
+            break
+    return seen.found
+
+
+LOOKS = 3  # scans of one check while the node moves under them
+
+
+def _nested_pid_namespace() -> bool:
+    """Are there processes this one cannot list (its pid namespace has a parent)?"""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:
+        pass
+    return True
+
+
+def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict[str, Any]:
+    return {
+        "pid": h.pid,
+        "starttime": h.starttime,
+        "uid": h.uid,
+        "user": user_name(h.uid),
+        "command": details(h.pid).command[:200],
+        "node": h.node,
+        "memory_bytes": memory.get((h.pid, h.cls, h.unit)),
+    }
+
+
+class LeftoverStop(StopReport):
+    """The stop of one device holder at a lease's end, and who that holder was.
+
+    A :class:`StopReport` (so it logs and counts like any other) with
+    ``holder``: the scan's description of the process it was started for --
+    ``pid``, ``starttime``, ``uid``, ``user``, ``command``, ``node``,
+    ``memory_bytes`` -- plus ``device`` (the index in its class) and
+    ``class``. The daemon logs it: a process that used a leased device
+    without the ticket was stopped, and this says whose it was.
+    """
+
+    __slots__ = ("holder",)
+
+    def __init__(self, report: StopReport, holder: dict[str, Any]) -> None:
+        super().__init__(report.tree_id, report.signal, report.method)
+        for name in StopReport.__slots__:
+            setattr(self, name, getattr(report, name))
+        self.holder = holder
+
+
+def stop_leftovers(
+    cls: DeviceClass,
+    devices: list[int],
+    *,
+    uid: int | None,
+    grace: float,
+    granted: float,
+    occ: Occupancy | None = None,
+    keys: list[str] | None = None,
+) -> tuple[list[StopReport], Holders]:
+    """Stop the trees of whoever still holds ``devices``; (reports, who still holds them).
+
+    Only processes started after the lease was ``granted`` (wall clock) are
+    its leftovers: an older one (granted past with ``busy_devices: warn``) was
+    never the lease's to stop. ``uid``: stop only what that user could have
+    stopped (a daemon running as root ending another user's lease).
+    ``occ`` and ``keys`` (the devices' keys): the scan that finds the device
+    empty starts its count (:func:`checked_look`).
+
+    Each report is a :class:`LeftoverStop`, naming the holder (pid, user,
+    command, node, device) it was made for.
+    """
+
+    def scan_now() -> Holders:
+        if occ is None or keys is None:
+            return holders_of(cls, devices)
+        return checked_look(occ, cls, devices, keys)
+
+    since = procscan.ticks_at(granted) - 2  # ticks of slack for rounding
+    reports: list[StopReport] = []
+    found = scan_now()
+    for index, holders in found.items():
+        for h in holders:
+            st = procscan.stat_of(h["pid"])
+            if st is None or st.starttime != h["starttime"] or st.is_dead or h["pid"] == 1:
+                continue
+            if st.starttime < since:
+                continue
+            if h["pid"] == os.getpid():
+                continue
+            tree = Tree(
+                f"left{h['pid']}",
+                ProcessId(h["pid"], st.starttime),
+                st.pgrp if st.pgrp == h["pid"] else None,
+                st.session if st.session == h["pid"] else None,
+                uid=uid,
+            )
+            report = stop_tree(tree, grace=grace)
+            reports.append(LeftoverStop(report, {**h, "class": cls.name, "device": index}))
+    # Scanned again only if something was stopped: otherwise the first scan,
+    # taken after the lease's trees were stopped, is the answer (and it
+    # serves the next grant too: see the module docstring).
+    return reports, scan_now() if reports else found

@@ -1,0 +1,87 @@
+"""``hold status``, as the daemon answers it: every device, its holder and its line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hold.daemon import devlock
+from hold.daemon.grants import Grants
+from hold.daemon.state import DaemonState, label_for
+from hold_supervisor.proc.identity import user_name
+
+
+def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
+    """Every device and its holder as ``viewer`` (a uid) may see it: labels of
+    private leases only for their owner and root. Devices leased through
+    another arbiter (another user's daemon) are shown from their lock's record."""
+    locked = devlock.locked_inodes()
+    classes = {}
+    for cls in st.classes:
+        devices = [
+            {"index": i, "holder": _holder(st, grants, cls, i, viewer, locked)}
+            for i in range(st.sizes[cls])
+        ]
+        waiting = [
+            {
+                "label": r.label if viewer in (0, r.conn.uid) or not r.private else None,
+                "pid": r.conn.peer.pid,
+                "user": user_name(r.conn.uid),
+                "count": r.count,
+                "indices": r.indices,
+            }
+            for r in grants.queues[cls]
+        ]
+        classes[cls] = {"devices": devices, "queue": waiting}
+    # Counters since the daemon started (hold metrics): grants, expiries, waits per class.
+    counters = {
+        cls: dict(
+            st.usage.counters.get(
+                cls, {"grants": 0, "expiries": 0, "waits": 0, "wait_seconds": 0.0}
+            )
+        )
+        for cls in st.classes
+    }
+    return {
+        "classes": classes,
+        "arbiter": st.arbiter(),
+        "counters": counters,
+        "started": st.usage.started,
+    }
+
+
+def _holder(
+    st: DaemonState,
+    grants: Grants,
+    cls: str,
+    i: int,
+    viewer: int,
+    locked: set[tuple[int, int, int]],
+) -> dict[str, Any] | None:
+    """Who holds ``cls:i``: a lease of ours, one of another arbiter's, or nobody (None)."""
+    sid = grants.held.get((cls, i))
+    s = st.sessions.get(sid) if sid else None
+    if s is not None and s.lease is not None:
+        return {
+            "lease": s.lease.lease_id,
+            "label": label_for(s, viewer),
+            "pid": s.owner_pid,
+            "user": s.user,
+            "uid": s.uid,
+            "since": s.lease.granted,
+            "expires": s.lease.expires,
+            "state": s.lease.state,
+        }
+    rec = st.locks.held_elsewhere(st.keys[cls][i], locked)
+    if rec is None:
+        return None
+    return {
+        "lease": rec.get("lease", "?"),
+        "label": rec.get("label"),
+        "pid": rec.get("pid"),
+        "user": rec.get("user", "?"),
+        "uid": rec.get("uid"),
+        "since": rec.get("since"),
+        "expires": rec.get("until"),
+        "state": "elsewhere",
+        "arbiter": rec.get("arbiter"),
+    }

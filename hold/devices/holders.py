@@ -1,0 +1,552 @@
+"""Who holds a device node now: the scan that ``hold audit`` and the daemon share.
+
+Finding holders: every process's descriptors and memory mappings, matched by
+device number -- a descriptor's ``st_rdev`` (or, for the regular files that
+stand in for devices in tests, ``(st_dev, st_ino)``), a mapping's
+``dev inode`` fields -- never by the text of a path, so a node reached
+through a bind mount, a hard link or a renamed node still matches.
+
+This reads ``/proc`` directly rather than through psutil: the scan visits
+every descriptor of every process on the machine, and psutil's per-process
+objects would cost several times the system calls that matter.
+
+Also here: what a person needs to see of the few holders found (:func:`details`,
+:func:`device_memory`). Whether a ticket covers a holder is the audit's
+question (:mod:`hold.views.audit`); whether a device is empty, the daemon's
+(:mod:`hold.daemon.occupancy`).
+"""
+
+from __future__ import annotations
+
+import gc
+import glob
+import marshal
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, NoReturn
+
+from hold.devices.classes import DeviceClass
+from hold.devices.scancache import KTHREADD, ScanCache, kernel_threads, kthreadd_children
+from hold_supervisor.proc import scan as procscan
+
+# A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
+# for the node's own inode (how a mapping names it, and how a regular file
+# standing in for a device is known).
+Key = tuple[Any, ...]
+
+
+class Target(NamedTuple):
+    cls: str
+    unit: int | None  # device index; None: a shared node of the class (/dev/nvidiactl)
+    path: str
+
+
+class Holder(NamedTuple):
+    pid: int
+    starttime: int
+    uid: int
+    cls: str
+    unit: int | None
+    how: str  # "fd" or "mmap"
+    node: str
+
+
+def targets(classes: dict[str, DeviceClass], only: str | None = None) -> dict[Key, Target]:
+    """Every node of the classes, by the keys a holder's descriptor or mapping can show."""
+    out: dict[Key, Target] = {}
+    for cls in classes.values():
+        if only is not None and cls.name != only:
+            continue
+        for index, path in enumerate(cls.device_nodes()):
+            _add(out, path, Target(cls.name, index, path))
+        for pattern in cls.shared_nodes:
+            for path in sorted(glob.glob(pattern)):
+                _add(out, path, Target(cls.name, None, path))
+    return out
+
+
+def _add(out: dict[Key, Target], path: str, target: Target) -> None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    out[("file", st.st_dev, st.st_ino)] = target
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        out[("rdev", st.st_rdev)] = target
+
+
+class Scan(NamedTuple):
+    holders: list[Holder]
+    not_inspected: int  # processes whose descriptors we may not read
+    processes: int
+    seconds: float
+
+
+class _Matcher:
+    """The per-process work of a scan, with the lookups prepared once."""
+
+    def __init__(self, tgts: dict[Key, Target]) -> None:
+        self.tgts = tgts
+        self.rdev = {k[1]: t for k, t in tgts.items() if k[0] == "rdev"}
+        # In /proc/PID/maps a mapping names its file by "maj:min inode" of the
+        # node file itself: searching the raw text for " maj:min inode " finds
+        # it without parsing a line (the kernel's formatting: two-digit hex
+        # device numbers, decimal inode).
+        self.map_needles = [
+            (f" {os.major(k[1]):02x}:{os.minor(k[1]):02x} {k[2]} ".encode(), t)
+            for k, t in tgts.items()
+            if k[0] == "file"
+        ]
+
+    def inspect(self, pid: int) -> tuple[list[Holder], bool]:
+        """(holders in this process, True if we may not read its descriptors or mappings).
+
+        "May not" is decided per descriptor and per file, not only by the
+        listing of ``fd/``: the listing can be allowed where following the
+        links is not (a process in another user namespace, or one more
+        privileged than us, such as a sandbox's init), and such a process
+        must be counted as not inspected, never passed over as holding nothing.
+        """
+        base = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(base)
+        except PermissionError:
+            return [], True
+        except OSError:
+            return [], False
+        found: dict[tuple[str, int | None], tuple[Target, str]] = {}
+        denied = False
+        for name in fds:
+            try:
+                st = os.stat(f"{base}/{name}")
+            except PermissionError:
+                denied = True  # the same check guards every descriptor: stop asking
+                break
+            except OSError:
+                continue  # closed meanwhile
+            mode = st.st_mode
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                t = self.rdev.get(st.st_rdev)
+            elif stat.S_ISREG(mode):
+                t = self.tgts.get(("file", st.st_dev, st.st_ino))
+            else:
+                continue
+            if t is not None:
+                found.setdefault((t.cls, t.unit), (t, "fd"))
+        try:
+            for t in self._mapped(pid):
+                found.setdefault((t.cls, t.unit), (t, "mmap"))
+        except PermissionError:
+            denied = True
+        if not found:
+            return [], denied
+        st0 = procscan.stat_of(pid)
+        if st0 is None or st0.is_dead:
+            return [], False
+        uid = _uid(pid)
+        return [
+            Holder(pid, st0.starttime, uid, t.cls, t.unit, how, t.path) for t, how in found.values()
+        ], denied
+
+    def _mapped(self, pid: int) -> list[Target]:
+        data = read_proc(f"/proc/{pid}/maps")
+        if not data:
+            return []
+        out = [t for needle, t in self.map_needles if needle in data]
+        if self.rdev and b" /dev/" in data:
+            # Another node file for the same device (mknod elsewhere): the
+            # path only locates it; its device number decides.
+            for line in data.splitlines():
+                parts = line.split(None, 5)
+                if len(parts) < 6 or not parts[5].startswith(b"/dev/") or parts[4] == b"0":
+                    continue
+                try:
+                    st = os.stat(parts[5].decode())
+                except (OSError, UnicodeDecodeError):
+                    continue
+                t = self.rdev.get(st.st_rdev) if stat.S_ISCHR(st.st_mode) else None
+                if t is not None and t not in out:
+                    out.append(t)
+        return out
+
+
+def read_proc(path: str) -> bytes:
+    """A whole /proc file with plain system calls (no buffered file object per file).
+
+    Raises PermissionError (a process we may not inspect); b"" if it is gone.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError:
+        raise
+    except OSError:
+        return b""
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 262144)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except PermissionError:
+        raise
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def scan(
+    tgts: dict[Key, Target],
+    pids: Iterable[int] | None = None,
+    cache: ScanCache | None = None,
+    *,
+    forks: bool = False,
+) -> Scan:
+    """Who holds any of ``tgts`` now (one entry per process and node).
+
+    Kernel threads are not read, nor (with a ``cache``) processes read holding
+    nothing of ``tgts`` a moment ago: :mod:`hold.devices.scancache` says which and why.
+    The work runs in the calling thread: between its system calls the
+    per-process work is Python holding the GIL, so threads do not scale with
+    cores (``bench.audit``: on 16 cores, 10,000 processes, four threads took
+    847 ms and one 408).
+
+    ``forks``: spread it over forked worker processes instead, one per usable
+    core where there are enough processes to read (:func:`fork_count`); what
+    ``hold audit`` runs (50 ms in the same run). Not for the daemon: forking a
+    process whose other threads may hold a lock is not safe. Batches that a
+    worker could not read (not started, or died) are read by this process:
+    the result is the same either way.
+    """
+    t0 = time.monotonic()
+    me = os.getpid()
+    kernel = kernel_threads() if pids is None else frozenset()
+    todo = [p for p in (procscan.pids() if pids is None else pids) if p != me and p not in kernel]
+    listed = len(todo) + len(kernel)
+    key = frozenset(tgts)
+    cursor = 0
+    if cache is not None:
+        todo, cursor = cache.start(key, todo)
+    matcher = _Matcher(tgts)
+    results: list[_Part] = []
+    if forks:
+        results += _forked(matcher, todo)
+    else:
+        results.append(_work(matcher, todo))
+    if kernel:
+        # A kernel thread that ended during the scan may have left its pid to
+        # a user process since: whoever has such a pid now is read too.
+        gone = sorted(kernel - kthreadd_children() - {KTHREADD})
+        results.append(_work(matcher, [p for p in gone if os.path.exists(f"/proc/{p}")]))
+    if cache is not None:
+        cache.note(key, [p for _, _, e in results for p in e], cursor, t0)
+    holders = [h for part, _, _ in results for h in part]
+    denied = sum(d for _, d, _ in results)
+    return Scan(holders, denied, listed, time.monotonic() - t0)
+
+
+PER_FORK = 300  # processes per forked worker (below that, its start costs more than it saves)
+MAX_FORKS = 16
+
+# One share of a scan: (holders found, processes not inspected, pids read holding nothing).
+_Part = tuple[list[Holder], int, list[int]]
+
+
+def _work(matcher: _Matcher, chunk: list[int]) -> _Part:
+    holders: list[Holder] = []
+    empty: list[int] = []
+    denied = 0
+    for pid in chunk:
+        found, no = matcher.inspect(pid)
+        holders += found
+        denied += no
+        if not found and not no:
+            empty.append(pid)
+    return holders, denied, empty
+
+
+def fork_count(n: int) -> int:
+    """How many processes (this one included) a forked scan of ``n`` pids runs in."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except OSError:
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_FORKS, n // PER_FORK))
+
+
+def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
+    """``todo`` read in :func:`fork_count` processes; what each found.
+
+    The pids go out in batches from a queue that every process (this one
+    too) takes from as it goes, so that a worker the scheduler holds back
+    (a busy machine) leaves more to the others instead of keeping everyone
+    waiting. The queue is a pipe filled before the first fork: a read of
+    one 4-byte batch number is atomic between readers, and its end (no
+    writer left) tells each reader it is done. Every process answers with
+    the batches it finished; a batch nobody answered for (its worker could
+    not start, or died) is read here afterwards.
+
+    The workers are forked, not spawned: they start in well under a
+    millisecond with the matcher already built, and run nothing but system
+    calls on /proc and :mod:`marshal` (no import, no lock another thread of
+    this process could hold), then ``_exit`` (no atexit, no stdio flush).
+    """
+    n = fork_count(len(todo))
+    if n == 1:
+        return [_work(matcher, todo)]
+    size = -(-len(todo) // (n * BATCHES_PER_FORK))
+    batches = [todo[i : i + size] for i in range(0, len(todo), size)]
+    queue, fill = os.pipe()
+    try:  # at most MAX_FORKS * BATCHES_PER_FORK * 4 bytes: never more than the pipe holds
+        os.write(fill, b"".join(i.to_bytes(4, "little") for i in range(len(batches))))
+    finally:
+        os.close(fill)
+    me = os.getpid()
+    kids: dict[int, int] = {}  # worker pid -> the pipe of its answer
+    parts: list[_Part] = []
+    done: set[int] = set()
+    try:
+        for _ in range(n - 1):
+            try:
+                r, w = os.pipe()
+            except OSError:
+                break
+            # Signals wait until the worker is inside its own try (a ^C in
+            # between would unwind it through this function, as if it were
+            # this process); CPython's fork clears what was pending already.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            try:
+                pid = os.fork()
+            except OSError:  # at the process limit (EAGAIN), or out of memory
+                os.close(r)
+                os.close(w)
+                break
+            finally:
+                if os.getpid() == me:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if pid == 0:
+                _worker(matcher, batches, queue, (r, w), mask)
+            os.close(w)
+            kids[pid] = r
+        part, mine = _drain(matcher, batches, queue)
+        parts.append(part)
+        done.update(mine)
+        for pid in list(kids):
+            data = _read_all(kids[pid])
+            os.close(kids.pop(pid))
+            _, status = os.waitpid(pid, 0)
+            answer = _decode(data) if status == 0 else None
+            if answer is not None:
+                parts.append(answer[0])
+                done.update(answer[1])
+        left = [p for i, batch in enumerate(batches) if i not in done for p in batch]
+        if left:
+            parts.append(_work(matcher, left))
+    finally:
+        os.close(queue)
+        for pid, r in kids.items():  # only on an exception here (^C)
+            os.close(r)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    return parts
+
+
+BATCHES_PER_FORK = 8  # batches in the queue per process: small enough to even out, few reads
+
+
+def _drain(matcher: _Matcher, batches: list[list[int]], queue: int) -> tuple[_Part, list[int]]:
+    """Batches taken from ``queue`` until it is empty: what they held, and which they were."""
+    holders: list[Holder] = []
+    denied = 0
+    empty: list[int] = []
+    done: list[int] = []
+    while len(b := os.read(queue, 4)) == 4:
+        i = int.from_bytes(b, "little")
+        found, no, none = _work(matcher, batches[i])
+        holders += found
+        denied += no
+        empty += none
+        done.append(i)
+    return (holders, denied, empty), done
+
+
+def _worker(
+    matcher: _Matcher,
+    batches: list[list[int]],
+    queue: int,
+    answer_pipe: tuple[int, int],
+    mask: Iterable[int],
+) -> NoReturn:
+    """A forked worker: batches from ``queue`` until it is empty, the answer into
+    the pipe, exit; whatever happens (^C included), it never returns."""
+    code = 1
+    try:
+        # Its scan makes no cycles, yet the allocations would start the
+        # collector's passes over every object inherited (a few percent).
+        # Not in the caller: another of its threads may be toggling it.
+        gc.disable()
+        w = answer_pipe[1]
+        # Every other descriptor let go at once: a pipe of a scan that another
+        # thread of the caller runs meanwhile must not wait for this one's end.
+        low = 3
+        for fd in sorted({queue, w}):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 30)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        (holders, denied, empty), done = _drain(matcher, batches, queue)
+        answer = ([tuple(h) for h in holders], denied, empty, done)
+        view = memoryview(marshal.dumps(answer))
+        while view:
+            view = view[os.write(w, view) :]
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(data: bytes) -> tuple[_Part, list[int]] | None:
+    """A worker's answer (what it found, the batches it read), or None if it is
+    not one: its batches are then read again."""
+    try:
+        raw, denied, empty, done = marshal.loads(data)
+        part = [Holder(*t) for t in raw], int(denied), [int(p) for p in empty]
+        return part, [int(i) for i in done]
+    except (EOFError, ValueError, TypeError):
+        return None
+
+
+def _uid(pid: int) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+# ------------------------------------------------------------------ details
+
+
+class Details(NamedTuple):
+    command: str
+    age_s: float | None
+    rss_bytes: int | None
+
+
+def details(pid: int) -> Details:
+    """What a person needs to see of a holder (only for the few found, after the scan).
+
+    Read from /proc directly, not through psutil: importing psutil costs more
+    than ``hold audit``'s whole scan (7 ms on an idle machine, twice that
+    where site-packages is large); three small files tell the same.
+    """
+    from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, read_cmdline, read_stat
+
+    try:
+        command = read_cmdline(pid)
+        start = read_stat(pid).starttime
+        statm = read_proc(f"/proc/{pid}/statm").split()
+    except NoSuchProcess:
+        return Details("(exited)", None, None)
+    except (AccessDenied, PermissionError):
+        return Details("(not readable)", None, None)
+    if len(statm) < 2:
+        return Details("(exited)", None, None)
+    # The start time counts from boot as CLOCK_BOOTTIME does (both as this pid
+    # namespace's time namespace sees them); not btime: that is rounded to seconds.
+    uptime = time.clock_gettime(time.CLOCK_BOOTTIME)
+    age = max(0.0, uptime - start / os.sysconf("SC_CLK_TCK"))
+    return Details(command, age, int(statm[1]) * os.sysconf("SC_PAGE_SIZE"))
+
+
+NvmlMemory = Callable[[], dict[tuple[int, int], int] | None]  # hold.devices.nvml.used_memory's kind
+
+
+def device_memory(
+    holders: list[Holder], nvml_memory: NvmlMemory | None = None
+) -> dict[tuple[int, str, int | None], int]:
+    """Bytes of device memory per (pid, class, index), where the driver reports it.
+
+    NVIDIA: NVML (:mod:`hold.devices.nvml`) where the driver is; AMD: the KFD per-process
+    entries in sysfs; others: DRM ``fdinfo`` memory keys. Absent sources are
+    skipped: the column then says nothing rather than something wrong.
+    ``nvml_memory``: NVML's figures asked for already (:class:`hold.devices.nvml.Prefetch`).
+    """
+    out: dict[tuple[int, str, int | None], int] = {}
+    pids = {h.pid for h in holders}
+    if not pids:
+        return out
+    _nvml(holders, out, nvml_memory)
+    _kfd(pids, out)
+    _drm_fdinfo(holders, out)
+    return out
+
+
+def _nvml(
+    holders: list[Holder],
+    out: dict[tuple[int, str, int | None], int],
+    asked: NvmlMemory | None,
+) -> None:
+    # Only the gpu class's rows show NVML's figures: no NVML for other classes.
+    pids = {h.pid for h in holders if h.cls == "gpu"}
+    if not pids:
+        return
+    if asked is None:
+        from hold.devices import nvml
+
+        asked = nvml.used_memory
+    for (pid, minor), used in (asked() or {}).items():
+        if pid in pids:
+            out[(pid, "gpu", minor)] = used
+
+
+def _kfd(pids: set[int], out: dict[tuple[int, str, int | None], int]) -> None:
+    for pid in pids:
+        for path in glob.glob(f"/sys/class/kfd/kfd/proc/{pid}/vram_*"):
+            try:
+                with open(path, "rb") as f:
+                    used = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            key = (pid, "gpu", None)
+            out[key] = out.get(key, 0) + used
+
+
+def _drm_fdinfo(holders: list[Holder], out: dict[tuple[int, str, int | None], int]) -> None:
+    for h in holders:
+        # Only DRM nodes have drm-* keys; reading every fdinfo of every other
+        # holder would be most of a large audit's time for nothing.
+        if (h.pid, h.cls, h.unit) in out or not h.node.startswith("/dev/dri/"):
+            continue
+        total = 0
+        for path in glob.glob(f"/proc/{h.pid}/fdinfo/*"):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            if b"drm-" not in data:
+                continue
+            for line in data.splitlines():
+                if line.startswith((b"drm-memory-", b"drm-resident-")):
+                    value = line.split(b":", 1)[1].split()
+                    try:
+                        n = int(value[0])
+                    except (IndexError, ValueError):
+                        continue
+                    unit = value[1] if len(value) > 1 else b""
+                    total += n * {b"KiB": 1024, b"MiB": 1 << 20, b"GiB": 1 << 30}.get(unit, 1)
+        if total:
+            out[(h.pid, h.cls, h.unit)] = total

@@ -1,0 +1,418 @@
+"""One pass over ``/proc``: who is there, who carries a marker, who holds what.
+
+Parsed by hand rather than through psutil: the stop path and the survivor
+check read every process on the machine, sometimes several times in a row,
+and psutil builds a Python object (and opens several files) per process where
+one read of ``/proc/PID/stat`` is enough. Every function here tolerates
+processes that vanish mid-scan and reports the ones it may not read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import NamedTuple
+
+from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, Stat, read_stat
+
+# Character devices every process holds and no tree owns exclusively.
+_COMMON_CHAR_DEVICES: frozenset[tuple[int, int]] = frozenset(
+    {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 1), (5, 2)}
+    # null, zero, full, random, urandom, tty, console, ptmx
+)
+_PTS_MAJORS = frozenset(range(136, 144))  # /dev/pts/*
+
+
+def pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def stat_of(pid: int) -> Stat | None:
+    """``/proc/PID/stat`` parsed (:func:`~hold_supervisor.proc.identity.read_stat`), or None
+    if the process is gone or may not be read: for scans, where a process that
+    vanished mid-scan is simply not there."""
+    try:
+        return read_stat(pid)
+    except (NoSuchProcess, AccessDenied, OSError, ValueError, IndexError):
+        return None
+
+
+def stall_hint(pid: int | None, *, waiting: bool = True) -> str:
+    """Why a process may not be answering, where its state says so: ``" (its
+    process is stopped: ...)"`` (SIGSTOP, a debugger), or with ``waiting`` also
+    ``" (its process waits in the kernel: ...)"`` (a disk, a mount); else ``""``.
+    For messages about a daemon or a supervisor that did not answer."""
+    st = stat_of(pid) if pid is not None else None
+    if st is None:
+        return ""
+    if st.state in ("T", "t"):
+        return " (its process is stopped: SIGSTOP or a debugger)"
+    if waiting and st.state == "D":
+        return " (its process waits in the kernel: a disk or a mount)"
+    return ""
+
+
+def fds(pid: int | str) -> list[tuple[int, str]]:
+    """The open descriptors of ``pid`` (``"self"`` for this process): (number,
+    its ``/proc/PID/fd/N`` path, to stat or readlink).
+
+    The one walk of a process's descriptors. Raises :class:`OSError` when the
+    listing may not be read (:class:`PermissionError`) or the process is gone.
+    """
+    base = f"/proc/{pid}/fd"
+    return [(int(name), f"{base}/{name}") for name in os.listdir(base)]
+
+
+def ticks_at(wall: float) -> int:
+    """The start time (clock ticks since boot, as in /proc/PID/stat) of a
+    process started at ``wall`` (seconds since the epoch).
+
+    From /proc/uptime (1/100 s), not /proc/stat's btime, which is rounded to
+    whole seconds: a second's error would misplace a process started just
+    after ``wall``.
+    """
+    with open("/proc/uptime", "rb") as f:
+        uptime = float(f.read().split()[0])
+    return int((uptime - (time.time() - wall)) * os.sysconf("SC_CLK_TCK"))
+
+
+def children_of_self() -> list[int]:
+    """This process's children, from ``/proc/self/task/*/children`` (no scan of
+    every process); falls back to a scan where the kernel lacks that file."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):  # CONFIG_PROC_CHILDREN off
+        me = os.getpid()
+        return [st.pid for st in snapshot().values() if st.ppid == me]
+    out: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            continue  # a thread that ended while we looked
+    return out
+
+
+def snapshot() -> dict[int, Stat]:
+    """Every live process now, by pid (zombies included; see :attr:`Stat.is_dead`)."""
+    out: dict[int, Stat] = {}
+    for pid in pids():
+        st = stat_of(pid)
+        if st is not None:
+            out[pid] = st
+    return out
+
+
+class Stats(Mapping[int, Stat]):
+    """Processes by pid, each read from ``/proc/PID/stat`` when first asked for
+    and kept: what :func:`ancestors` needs for a few pids, without a
+    :func:`snapshot` of every process on the machine. A pid that is gone (or
+    may not be read) is absent. Iterating gives only the pids asked for so far.
+    """
+
+    def __init__(self) -> None:
+        self._read: dict[int, Stat | None] = {}
+
+    def __getitem__(self, pid: int) -> Stat:
+        try:
+            st = self._read[pid]
+        except KeyError:
+            st = self._read[pid] = stat_of(pid)
+        if st is None:
+            raise KeyError(pid)
+        return st
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([pid for pid, st in self._read.items() if st is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for st in self._read.values() if st is not None)
+
+
+def environ_has(pid: int, entry: bytes) -> bool | None:
+    """Does the process's initial environment contain ``entry`` exactly?
+
+    ``None`` when it may not be read (another user's process, without root).
+    """
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except PermissionError:
+        return None
+    except OSError:
+        return False
+    return (b"\0" + entry + b"\0") in (b"\0" + data)
+
+
+def environ_value(pid: int, name: bytes) -> str | None:
+    """``name``'s value in the process's initial environment; None if it has none
+    or may not be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    for entry in data.split(b"\0"):
+        if entry.startswith(name + b"="):
+            return entry[len(name) + 1 :].decode(errors="replace")
+    return None
+
+
+class Node(NamedTuple):
+    """A file or device node, by device number and inode, not by path text."""
+
+    dev: int
+    ino: int
+    rdev: int  # for device nodes, the device they open; 0 otherwise
+    path: str  # what it was seen as, for messages only
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.dev, self.ino)
+
+
+def node_of_stat(st: os.stat_result, path: str) -> Node:
+    rdev = st.st_rdev if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode) else 0
+    return Node(st.st_dev, st.st_ino, rdev, path)
+
+
+def is_private_candidate(node: Node, st_mode: int) -> bool:
+    """Could holding this node mark a process as part of a tree?
+
+    Regular files and device nodes, except the terminals and the few
+    character devices every process has open.
+    """
+    if stat_mod.S_ISREG(st_mode):
+        return True
+    if stat_mod.S_ISCHR(st_mode) or stat_mod.S_ISBLK(st_mode):
+        major, minor = os.major(node.rdev), os.minor(node.rdev)
+        if (major, minor) in _COMMON_CHAR_DEVICES or major in _PTS_MAJORS:
+            return False
+        return major != 4  # /dev/tty*, the virtual consoles
+    return False
+
+
+class Holdings:
+    """What a set of processes holds: nodes (files, devices) and socket inodes."""
+
+    __slots__ = ("nodes", "sockets")
+
+    def __init__(self) -> None:
+        self.nodes: dict[tuple[int, int], Node] = {}
+        self.sockets: set[int] = set()
+
+
+def holdings(pid: int, *, skip_fds: Iterable[int] = (), with_maps: bool = True) -> Holdings:
+    """Nodes the process holds open (descriptors, and device mappings) and its sockets."""
+    h = Holdings()
+    skip = set(skip_fds)
+    try:
+        entries = fds(pid)
+    except OSError:
+        return h
+    for fd, path in entries:
+        if fd in skip:
+            continue
+        try:
+            target = os.readlink(path)
+            if target.startswith("socket:["):
+                h.sockets.add(int(target[8:-1]))
+                continue
+            st = os.stat(path)
+        except OSError:
+            continue
+        node = node_of_stat(st, target)
+        if is_private_candidate(node, st.st_mode):
+            h.nodes[node.key] = node
+    if with_maps:
+        for node in mapped_device_nodes(pid):
+            h.nodes[node.key] = node
+    return h
+
+
+def mapped_device_nodes(pid: int) -> Iterator[Node]:
+    """Device nodes mapped into the process (a descriptor may be closed, the mapping kept).
+
+    Regular-file mappings are left out: they are shared libraries and the
+    executable, which every process on the machine shares.
+    """
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            data = f.read()
+    except OSError:
+        return
+    if b" /dev/" not in data:  # most processes map no device node: skip the parse
+        return
+    seen: set[tuple[int, int]] = set()
+    for line in data.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or parts[4] == b"0":
+            continue
+        path = parts[5].decode("utf-8", "replace")
+        if not path.startswith("/dev/"):
+            continue
+        major_s, minor_s = parts[3].split(b":")
+        dev = os.makedev(int(major_s, 16), int(minor_s, 16))
+        key = (dev, int(parts[4]))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        node = node_of_stat(st, path)
+        if node.key == key and is_private_candidate(node, st.st_mode):
+            yield node
+
+
+def holders_of(keys: set[tuple[int, int]], candidates: Iterable[int]) -> dict[int, Node]:
+    """Which of ``candidates`` hold (descriptor or mapping) one of the nodes ``keys``."""
+    found: dict[int, Node] = {}
+    if not keys:
+        return found
+    for pid in candidates:
+        try:
+            entries = fds(pid)
+        except OSError:
+            continue
+        for _fd, path in entries:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in keys:
+                found[pid] = node_of_stat(st, _readlink(path))
+                break
+        else:
+            try:
+                with open(f"/proc/{pid}/maps", "rb") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or parts[4] == b"0":
+                    continue
+                major_s, minor_s = parts[3].split(b":")
+                key = (os.makedev(int(major_s, 16), int(minor_s, 16)), int(parts[4]))
+                if key in keys:
+                    found[pid] = Node(key[0], key[1], 0, parts[5].decode("utf-8", "replace"))
+                    break
+    return found
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+class Listener(NamedTuple):
+    proto: str  # tcp, tcp6, udp, udp6
+    port: int
+    inode: int
+
+
+def listeners() -> dict[int, Listener]:
+    """Listening TCP sockets and bound UDP sockets in this network namespace, by inode."""
+    out: dict[int, Listener] = {}
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        try:
+            with open(f"/proc/net/{proto}", "rb") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            # TCP: state 0A is LISTEN. UDP: 07 is "closed" but bound, which is
+            # how an unconnected UDP server looks.
+            state = parts[3]
+            if (proto.startswith("tcp") and state != b"0A") or (
+                proto.startswith("udp") and state != b"07"
+            ):
+                continue
+            port = int(parts[1].rsplit(b":", 1)[1], 16)
+            inode = int(parts[9])
+            if inode:
+                out[inode] = Listener(proto, port, inode)
+    return out
+
+
+def socket_owners(inodes: set[int], candidates: Iterable[int]) -> dict[int, int]:
+    """socket inode -> pid, for the ``candidates`` that hold one of ``inodes``."""
+    found: dict[int, int] = {}
+    if not inodes:
+        return found
+    for pid in candidates:
+        try:
+            entries = fds(pid)
+        except OSError:
+            continue
+        for _fd, path in entries:
+            try:
+                target = os.readlink(path)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                ino = int(target[8:-1])
+                if ino in inodes:
+                    found[ino] = pid
+    return found
+
+
+def descendants(roots: Iterable[int], procs: dict[int, Stat]) -> set[int]:
+    """All pids in ``procs`` whose parent chain reaches one of ``roots`` (roots excluded)."""
+    children: dict[int, list[int]] = {}
+    for st in procs.values():
+        children.setdefault(st.ppid, []).append(st.pid)
+    out: set[int] = set()
+    stack = list(roots)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in out:
+                out.add(child)
+                stack.append(child)
+    return out
+
+
+def ancestors(pid: int, procs: Mapping[int, Stat] | None = None) -> list[Stat]:
+    """The chain of parents of ``pid`` (nearest first), ending at pid 1 or a gone parent.
+
+    Read from ``/proc`` now, or, given ``procs`` (a :func:`snapshot`), from that
+    snapshot: the chain as it was when the snapshot was taken.
+    """
+    get = stat_of if procs is None else procs.get
+    out: list[Stat] = []
+    seen: set[int] = set()
+    st = get(pid)
+    while st is not None and st.ppid > 0 and st.ppid not in seen:
+        seen.add(st.ppid)
+        parent = get(st.ppid)
+        if parent is None:
+            break
+        out.append(parent)
+        st = parent
+    return out
+
+
+__all__ = [
+    "Holdings",
+    "Listener",
+    "NoSuchProcess",
+    "Node",
+    "Stats",
+    "ancestors",
+    "descendants",
+    "environ_has",
+    "fds",
+    "holders_of",
+    "holdings",
+    "listeners",
+    "pids",
+    "snapshot",
+    "socket_owners",
+    "stat_of",
+]

@@ -1,0 +1,438 @@
+"""A tree: every process that belongs to one spawned thing, found by every means.
+
+Membership, strongest first:
+
+* ``cgroup`` -- in the tree's cgroup leaf (cannot be escaped);
+* ``group`` / ``session`` -- in the process group / session the root was
+  given at spawn (``setsid`` escapes these);
+* ``descendant`` -- the parent chain reaches a process already known to be a
+  member (double-forking escapes this once the middle process exits, unless
+  we are the subreaper that adopts the orphan);
+* ``adopted`` -- an orphan re-parented to this process, which is a child
+  subreaper (``PR_SET_CHILD_SUBREAPER``);
+* ``marker`` -- carries ``HOLD_TREE=<id>`` in its environment (survives all of
+  the above; only a program that execs with a cleaned environment loses it).
+
+With a cgroup leaf (and no uid limit) the leaf alone is the tree for
+:meth:`Tree.members`, as the design has it: membership cannot be escaped by
+``setsid`` or forking, and ``populated 0`` proves it empty. Leaving the leaf
+takes write access to a cgroup above it -- root's, or the delegating user's,
+nothing a tree gains by forking -- but root has it: a process of a root tree
+can write its own pid into another cgroup's ``cgroup.procs``. So a *stop*
+looks with :meth:`Tree.look`, which also walks /proc for the marker, the
+group, the session and descent from a member, and finds such a process --
+except for a tree **born in its leaf** (``born_in_leaf``: ``hold run``'s
+command, spawned into the leaf before its first instruction): its looks read
+the leaf and the root only, never every process of the machine, so that a
+run costs the same on a busy machine (issue 21). Such a tree gives up only
+a member that moved itself out of the leaf on purpose (what root can do, it
+can also do by ``systemd-run`` or ``nsenter``, which no walk follows).
+
+The marker is used to *find* processes, never to authorise anything: a
+process can put any text it likes in its environment, so the most a forged
+marker can do is get its own process stopped along with a tree of the same
+user, which it could have done to itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from hold_supervisor.environ import MARKER
+from hold_supervisor.proc import scan
+from hold_supervisor.proc.cache import ProcCache, listing
+from hold_supervisor.proc.cgroup import Leaf
+from hold_supervisor.proc.identity import ProcessId, Stat
+
+# One look: the processes read, and the members among them.
+Look = tuple[dict[int, Stat], dict[int, "Member"]]
+
+# How often a look reads the pids that appeared while it walked /proc.
+_TOP_UPS = 4
+
+
+class Member(NamedTuple):
+    ident: ProcessId
+    comm: str
+    found_by: tuple[str, ...]
+
+    @property
+    def pid(self) -> int:
+        return self.ident.pid
+
+
+class Tree:
+    """The processes of one spawned thing. ``root`` is the process that was spawned.
+
+    ``root`` may still be unknown (None) for a tree registered before its
+    spawn; then ``since`` (a start time in clock ticks) bounds the search:
+    nothing that started earlier can belong to the tree. ``pgid``/``sid`` are
+    None where unknown, or (``sid``) when the root kept the caller's session
+    (interactive). ``uid``: only processes that this user could signal count
+    as members (a daemon running as root stops a user's tree no further than
+    that user could have). ``spare``: pids that are never members, nor is
+    anything below them (the audit spares covered holders this way).
+    ``adopts_orphans``: this process is a subreaper and this is the only tree
+    whose orphans it adopts, so its unowned children belong to the tree;
+    ``owned`` are children of ours that others reap (never "adopted").
+    ``seen`` remembers every member ever found, to find their descendants
+    after the process between them has exited. ``cache``: looks may skip the
+    processes it proves older than the root (:mod:`hold_supervisor.proc.cache`).
+    ``born_in_leaf``: the root was spawned into ``leaf`` (before its first
+    instruction), so the leaf and the root are the whole tree and no look
+    walks /proc (see :attr:`leaf_only`).
+    """
+
+    __slots__ = (
+        "_inos",
+        "adopts_orphans",
+        "born_in_leaf",
+        "cache",
+        "leaf",
+        "owned",
+        "pgid",
+        "root",
+        "seen",
+        "sid",
+        "since",
+        "spare",
+        "tree_id",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        tree_id: str,
+        root: ProcessId | None,
+        pgid: int | None,
+        sid: int | None,
+        leaf: Leaf | None = None,
+        adopts_orphans: bool = False,
+        owned: frozenset[int] = frozenset(),
+        since: int | None = None,
+        uid: int | None = None,
+        spare: frozenset[int] = frozenset(),
+        cache: ProcCache | None = None,
+        born_in_leaf: bool = False,
+    ) -> None:
+        if root is not None:
+            since = root.starttime
+        elif since is None:
+            raise ValueError("a tree without a root needs 'since'")
+        self.tree_id = tree_id
+        self.root = root
+        self.since: int = since
+        self.uid = uid
+        self.spare = spare
+        self.pgid = pgid
+        self.sid = sid
+        self.leaf = leaf
+        self.adopts_orphans = adopts_orphans
+        self.owned = owned
+        self.seen: set[ProcessId] = set()
+        self.cache = cache
+        self.born_in_leaf = born_in_leaf
+        # /proc as the last walk listed it (inode numbers by name): a
+        # confirming look reads only what is new since, or a reused pid.
+        self._inos: dict[str, int] = {}
+
+    @property
+    def marker(self) -> bytes:
+        return f"{MARKER}={self.tree_id}".encode()
+
+    @property
+    def contained(self) -> bool:
+        """True when the cgroup leaf alone says who the members are."""
+        return self.leaf is not None and self.uid is None and not self.spare
+
+    @property
+    def leaf_only(self) -> bool:
+        """True when every look reads the leaf and the root alone (no walk of /proc):
+        a contained tree born in its leaf."""
+        return self.born_in_leaf and self.contained
+
+    def members(self, procs: dict[int, Stat] | None = None) -> dict[int, Member]:
+        """Live (non-zombie) members now, each with how it was found.
+
+        Never includes this process or its ancestors. For a contained tree
+        (and no ``procs`` given) only the leaf and the root are read; see
+        :meth:`look` for a stop's look, which walks /proc for it too. Without
+        a leaf and without ``procs``, this is :meth:`look`.
+        """
+        if procs is None:
+            if self.contained:
+                return self._leaf_look()[1]
+            return self.look()[1]
+        marked = {st.pid for st in procs.values() if self._carries_marker(st)}
+        return self._members(procs, marked, everywhere=False)
+
+    def look(self, after: dict[int, Stat] | None = None) -> Look:
+        """One look by every means: (the processes read, the members among them).
+
+        For a stop and its survivor check. Unlike :meth:`members`, a
+        contained tree is looked for outside its leaf too (marker, group,
+        session, descent from a member): a member that moved itself to
+        another cgroup (root can) is found. Members in the leaf keep
+        ``cgroup`` (and ``root``) as how they were found.
+
+        A walk of /proc is not atomic: a process that forks and exits every
+        millisecond has often left the pid the listing named before it is
+        read, and its new pid is not in the listing. So after the walk the
+        pids that appeared meanwhile are read at once (stat, then marker),
+        again until a listing shows nothing new (a bounded number of times):
+        such a process is seen at its newest pid.
+
+        ``after``: the processes of a look just taken that found no member.
+        Then only what is new since is read (and the leaf): a process that
+        was there and was no member then cannot have become one since -- a
+        member is only ever made by a member's fork -- so this confirms that
+        look for the price of a listing of /proc, not a read of every process.
+
+        A pid of ``after`` that /proc now lists under another inode number
+        is read again: it may be a new process that reused the pid (see
+        :mod:`hold_supervisor.proc.cache`). So in walk mode too, a stop whose first
+        look found nobody reads every process once, not twice.
+
+        With a ``cache`` (and a root in a session of its own), what it proves
+        older than the root is not read at all, nor returned: see
+        :meth:`_cached_look`.
+
+        A tree born in its leaf (:attr:`leaf_only`) is not walked for: the
+        processes read are its members (see :meth:`_leaf_look`), and
+        ``after`` changes nothing.
+        """
+        if self.leaf_only:
+            return self._leaf_look()
+        if self.cache is not None:
+            look = self._cached_look(self.cache, after)
+            if look is not None:
+                return look
+        # Since 0: every process is read (or, after a look, what is new since).
+        procs, marked = self._walk(after)
+        return procs, self._members(procs, marked, everywhere=True)
+
+    def _walk(self, after: dict[int, Stat] | None) -> tuple[dict[int, Stat], set[int]]:
+        """The processes now, and those among them that carry the marker: every
+        one read, or with ``after`` only those new since (or under a new inode
+        number); then what appeared meanwhile, each read at once (stat, then
+        marker), until a listing shows nothing new (at most ``_TOP_UPS`` times)."""
+        procs: dict[int, Stat] = {} if after is None else dict(after)
+        marked: set[int] = set()
+
+        def read(pid: int) -> None:
+            st = scan.stat_of(pid)
+            if st is not None:
+                procs[pid] = st
+                if self._carries_marker(st):
+                    marked.add(pid)
+
+        listed = listing()
+        known = self._inos if after is not None else {}
+        for name, ino in listed.items():
+            if name.isdigit() and (int(name) not in procs or known.get(name) != ino):
+                read(int(name))
+        self._inos = listed
+        # The top-ups list by os.listdir, several times faster than a listing
+        # with inode numbers: a fork loop's generation lives about as long.
+        for _ in range(_TOP_UPS):
+            new = [pid for pid in scan.pids() if pid not in procs]
+            if not new:
+                break
+            for pid in new:
+                read(pid)
+        return procs, marked
+
+    def _cached_look(self, cache: ProcCache, after: dict[int, Stat] | None) -> Look | None:
+        """A look that reads only the processes ``cache`` cannot prove older than
+        the root; None where it may not answer.
+
+        It may where every member and every process of the tree's group must
+        have started at or after the root (see :mod:`hold_supervisor.proc.cache`): the
+        root has a session of its own and the group is the session's, nothing
+        is spared (a spared process's descendants are found through it), and
+        no member older than the root was ever found. Only the cgroup leaf (a
+        process moved into it) and adoption (an older child of ours) can give
+        such a member, and its descendants could be older too: then, and from
+        then on, None, and the look reads everything.
+        """
+        if self.sid is None or self.pgid not in (None, self.sid) or self.spare:
+            return None
+        if any(i.starttime < self.since for i in self.seen):
+            return None
+        procs = cache.walk(self.since, _TOP_UPS, after)
+        if self.adopts_orphans:
+            for pid in scan.children_of_self():
+                st = procs.get(pid) or scan.stat_of(pid)
+                if st is not None:
+                    procs[pid] = st
+        marked = {st.pid for st in procs.values() if self._carries_marker(st)}
+        members = self._members(procs, marked, everywhere=True)
+        if any(m.ident.starttime < self.since for m in members.values()):
+            return None
+        return procs, members
+
+    def _carries_marker(self, st: Stat) -> bool:
+        return (
+            st.starttime >= self.since
+            and not st.is_dead
+            and bool(scan.environ_has(st.pid, self.marker))
+        )
+
+    def _members(
+        self, procs: dict[int, Stat], marked: set[int], *, everywhere: bool
+    ) -> dict[int, Member]:
+        me = os.getpid()
+        protected = self.protected(procs)
+        reasons: dict[int, list[str]] = {}
+
+        def add(pid: int, why: str) -> None:
+            st = procs.get(pid)
+            if st is None or st.is_dead or pid in protected:
+                return
+            reasons.setdefault(pid, []).append(why)
+
+        in_leaf: set[int] = set()
+        if self.leaf is not None:
+            in_leaf = set(self.leaf.pids())
+            for pid in in_leaf:
+                if everywhere and pid not in procs:
+                    # Started after the walk: read it now, or it would be missed.
+                    st = scan.stat_of(pid)
+                    if st is not None:
+                        procs[pid] = st
+                add(pid, "cgroup")
+        known = {
+            i.pid
+            for i in self.seen
+            if procs.get(i.pid) is not None and procs[i.pid].starttime == i.starttime
+        }
+        if self.root is not None and self.root.matches():
+            known.add(self.root.pid)
+            add(self.root.pid, "root")
+        for st in procs.values():
+            if self.pgid is not None and st.pgrp == self.pgid and self._plausible(st):
+                add(st.pid, "group")
+            if self.sid is not None and st.session == self.sid and self._plausible(st):
+                add(st.pid, "session")
+            if self.adopts_orphans and st.ppid == me and st.pid not in self.owned:
+                add(st.pid, "adopted")
+        for pid in marked:
+            add(pid, "marker")
+        roots = known | set(reasons)
+        for pid in scan.descendants(roots, procs):
+            add(pid, "descendant")
+
+        contained = everywhere and self.contained
+        out: dict[int, Member] = {}
+        for pid, why in reasons.items():
+            if self.uid is not None and not signalable_by(pid, self.uid):
+                continue
+            if contained and pid in in_leaf:
+                # The leaf says it: the other means only add noise to the report.
+                why = [w for w in why if w in ("cgroup", "root")]
+            st = procs[pid]
+            ident = ProcessId(pid, st.starttime)
+            self.seen.add(ident)
+            out[pid] = Member(ident, st.comm, tuple(dict.fromkeys(why)))
+        return out
+
+    def _leaf_look(self) -> Look:
+        """The leaf's live processes (below it too) and the root, until its stub
+        has written it into the leaf: (their stats, them as members). Nobody
+        only where ``cgroup.events`` agrees: reading ``cgroup.procs`` is not
+        atomic against a fork, the kernel's ``populated`` count is."""
+        assert self.leaf is not None
+        look = self._leaf_members()
+        for _ in range(_TOP_UPS):
+            if look[1] or not self.leaf.populated():
+                break
+            look = self._leaf_members()
+        return look
+
+    def _leaf_members(self) -> Look:
+        assert self.leaf is not None
+        found = {pid: ["cgroup"] for pid in self.leaf.pids()}
+        if self.root is not None:
+            # Until its stub has written it into the leaf, the root is outside.
+            found.setdefault(self.root.pid, []).append("root")
+        me = os.getpid()
+        protected = {me} | {st.pid for st in scan.ancestors(me)}
+        procs: dict[int, Stat] = {}
+        out: dict[int, Member] = {}
+        for pid, why in found.items():
+            st = scan.stat_of(pid)
+            if st is None or st.is_dead or pid in protected:
+                continue
+            if why == ["root"] and self.root is not None and st.starttime != self.root.starttime:
+                continue  # the root is gone and its pid reused
+            ident = ProcessId(pid, st.starttime)
+            self.seen.add(ident)
+            procs[pid] = st
+            out[pid] = Member(ident, st.comm, tuple(why))
+        return procs, out
+
+    def protected(self, procs: dict[int, Stat]) -> set[int]:
+        """Pids never to count as members: this process, its ancestors, and what is spared."""
+        me = os.getpid()
+        out = {me} | {st.pid for st in scan.ancestors(me)}
+        if self.spare:
+            out |= set(self.spare) | scan.descendants(self.spare, procs)
+        return out
+
+    def _plausible(self, st: Stat) -> bool:
+        # A group or session id is the pid of the process that created it. Once
+        # that process and every member are gone the number may be reused by an
+        # unrelated group; a member that started before the root cannot be ours.
+        return st.starttime >= self.since
+
+    def forget_dead(self) -> None:
+        self.seen = {i for i in self.seen if i.matches()}
+
+
+def move_into(tree: Tree, leaf: Leaf, rounds: int = 8) -> list[int]:
+    """Move the members of a tree that runs already (started elsewhere) into
+    ``leaf``, until a look finds none outside it; the pids that could not be
+    moved (another user's, or outside this user's delegation).
+
+    A member forked while its parent was being moved may start outside the
+    leaf: the next look finds it (by descent) and moves it too. Each pid is
+    checked against its start time just before it is written.
+    """
+    failed: set[int] = set()
+    for _ in range(rounds):
+        inside = set(leaf.pids())
+        out = [m for m in tree.look()[1].values() if m.pid not in inside | failed]
+        if not out:
+            break
+        for m in out:
+            if not m.ident.matches():
+                continue
+            try:
+                leaf.move(m.pid)
+            except ProcessLookupError:
+                continue  # exited meanwhile
+            except OSError:
+                failed.add(m.pid)
+    return sorted(failed)
+
+
+def describe(members: Iterable[Member]) -> str:
+    return ", ".join(f"{m.pid} ({m.comm}, {'+'.join(m.found_by)})" for m in members)
+
+
+def signalable_by(pid: int, uid: int) -> bool:
+    """Could a process running as ``uid`` signal ``pid``? (kill(2): the sender's
+    uid must match the target's real or saved uid.)"""
+    if uid == 0:
+        return True
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    real, _eff, saved, _fs = (int(x) for x in line.split()[1:5])
+                    return uid in (real, saved)
+    except OSError:
+        return False
+    return False
