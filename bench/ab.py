@@ -114,7 +114,8 @@ def start_ups(codes: dict[str, Path], work: Path, runs: int) -> dict[str, list[f
 def loop(code: Path, state: Path, workers: int, per: int) -> tuple[float, int, list[float]]:
     """(acquisitions per second, failed commands, handoff gaps in ms) of one loop."""
     env = version_env(code, state, True)
-    subprocess.run([sys.executable, "-c", NPU, "--", "true"], env=env, cwd=code, check=True)
+    npu = NPU.format(entry=entry_module(code))
+    subprocess.run([sys.executable, "-c", npu, "--", "true"], env=env, cwd=code, check=True)
     script = (
         f'for i in $(seq {per}); do "{sys.executable}" -c "$NPU" -- true 2>/dev/null '
         "|| echo FAIL; done"
@@ -122,7 +123,7 @@ def loop(code: Path, state: Path, workers: int, per: int) -> tuple[float, int, l
     t0 = time.perf_counter()
     shell = ["bash", "-c", script]
     procs = [
-        subprocess.Popen(shell, env=dict(env, NPU=NPU), cwd=code, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(shell, env=dict(env, NPU=npu), cwd=code, stdout=subprocess.PIPE, text=True)
         for _ in range(workers)
     ]
     failed = sum(p.communicate()[0].count("FAIL") for p in procs)
