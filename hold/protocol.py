@@ -14,6 +14,7 @@ surrogate, no duplicate key and no ``NaN``; anything else is a
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from hold.errors import HoldError
@@ -23,6 +24,52 @@ MAX_MESSAGE = jsonlines.MAX_LINE
 MAX_DEPTH = jsonlines.MAX_DEPTH
 
 Message = dict[str, Any]
+
+
+class Op(StrEnum):
+    """What a client asks (a request's ``"op"``); each has one handler in :mod:`hold.daemon.ops`.
+
+    A member is its string: it compares equal to it and is written as it.
+    """
+
+    OPEN = "open"  # a session: -> SESSION
+    ATTACH = "attach"  # a detached owner's session again: -> ATTACHED (then EXPIRED if it is)
+    ACQUIRE = "acquire"  # a lease: -> QUEUED*, WARNING, GRANTED | BUSY
+    TREE = "tree"  # a tree to guard: -> OK
+    ROOT = "root"  # the spawned root of a registered tree: no answer
+    STATUS = "status"  # -> STATUS
+    RELEASE = "release"  # another's (or one's own) lease ended: -> RELEASED once it is
+    END = "end"  # this session is done: -> ENDED once its trees are stopped
+    LEASES = "leases"  # every live lease: -> LEASES
+    CHECK = "check"  # is the asker inside a lease: -> CHECK
+    RETIRE = "retire"  # an idle autostarted daemon leaves: -> RETIRING
+    RELOAD = "reload"  # the configuration read again: -> RELOADED
+    REPORT = "report"  # usage since a time: -> REPORT
+
+
+class Ev(StrEnum):
+    """What the daemon sends (a message's ``"ev"``): answers, and news of a lease.
+
+    A member is its string: it compares equal to it and is written as it.
+    """
+
+    SESSION = "session"
+    ATTACHED = "attached"
+    QUEUED = "queued"  # where a waiter stands, when that changes
+    WARNING = "warning"  # granted although someone holds the devices (busy_devices: warn)
+    GRANTED = "granted"
+    BUSY = "busy"  # not grantable now, and the request did not wait
+    EXPIRED = "expired"  # the lease's time limit was reached: stop within the grace
+    RELEASED = "released"  # to the holder (with "by"), and to the releaser once it is over
+    ENDED = "ended"
+    OK = "ok"
+    STATUS = "status"
+    LEASES = "leases"
+    CHECK = "check"
+    RETIRING = "retiring"
+    RELOADED = "reloaded"
+    REPORT = "report"
+    ERROR = "error"  # a request refused ("code", "error")
 
 
 class ProtocolError(HoldError):

@@ -23,7 +23,7 @@ from typing import Any
 
 from hold.client import waits
 from hold.leases import LeaseRecord, judge_lease
-from hold.protocol import ProtocolError
+from hold.protocol import Ev, Op, ProtocolError
 from hold.statedir import StateDir
 from hold_supervisor.parse import BadValue
 from hold_supervisor.proc.identity import ProcessId
@@ -68,16 +68,16 @@ def check_lease(
                 ),
                 None,
             )
-        ans = client.request({"op": "check", "cls": cls}, TIMEOUT)
+        ans = client.request({"op": Op.CHECK, "cls": cls}, TIMEOUT)
         if want_lease and ans.get("covered") is True:
-            lease = _covering(client.request({"op": "leases"}, TIMEOUT), cls)
+            lease = _covering(client.request({"op": Op.LEASES}, TIMEOUT), cls)
     except DaemonSilent as e:
         return False, f"{no}: {e}", None
     except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
         return False, f"{no}: no answer from the ticket daemon at {sd.socket}: {e}", None
     finally:
         client.close()
-    if ans.get("ev") == "error":
+    if ans.get("ev") == Ev.ERROR:
         raise BadValue("--device", cls, str(ans.get("error")))
     return ans.get("covered") is True, str(ans.get("why")), lease
 

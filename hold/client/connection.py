@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from hold.client import waits
 from hold.errors import HoldError
-from hold.protocol import LineBuffer, Message, ProtocolError, encode
+from hold.protocol import Ev, LineBuffer, Message, Op, ProtocolError, encode
 from hold.statedir import StateDir
 from hold.unixsock import (
     MSG_DONTWAIT,
@@ -190,8 +190,8 @@ class Client:
         theirs = arbiter.get("config_digest")
         if theirs is None or theirs == config:
             return client
-        ans = client.request({"op": "retire"})
-        if ans.get("ev") != "retiring":
+        ans = client.request({"op": Op.RETIRE})
+        if ans.get("ev") != Ev.RETIRING:
             client.close()
             raise ConfigMismatch(
                 f"the ticket daemon for {sd.path} (pid {arbiter.get('pid')}) reads another "
@@ -284,7 +284,7 @@ class Client:
         if the daemon closed the connection (the next read says so).
         """
         try:
-            self.send({"op": "leases"})
+            self.send({"op": Op.LEASES})
         except (BrokenPipeError, ConnectionResetError):
             return  # gone: the next read says so
         deadline = time.monotonic() + timeout
@@ -295,7 +295,7 @@ class Client:
                     msg = self.recv(deadline)
                 except TimeoutError:
                     raise DaemonSilent.of(self.sd, self.sock, timeout) from None
-                if msg is None or msg.get("ev") == "leases":
+                if msg is None or msg.get("ev") == Ev.LEASES:
                     return
                 kept.append(msg)
         finally:
@@ -332,13 +332,13 @@ class Client:
         """After the daemon went away: our session back (re-attached), or a new one."""
         if self.session is not None:
             ans = self.reattach(timeout)
-            if ans.get("ev") == "attached":
+            if ans.get("ev") == Ev.ATTACHED:
                 return
         self.reopen(timeout)
 
     def open_session(self) -> str:
-        ans = self.request({"op": "open"})
-        if ans.get("ev") != "session":
+        ans = self.request({"op": Op.OPEN})
+        if ans.get("ev") != Ev.SESSION:
             raise ProtocolError(f"unexpected answer {ans}")
         self.session = str(ans["session"])
         self.info = ans
@@ -352,11 +352,11 @@ class Client:
         itself once it reads again, our connection closed): never longer
         than ``timeout``, nor :data:`ANSWER_TIMEOUT` without a word from it."""
         try:
-            self.send({"op": "end"})
+            self.send({"op": Op.END})
             deadline = time.monotonic() + timeout
             while True:
                 ans = self.recv_alive(deadline)
-                if ans is None or ans.get("ev") in ("ended", "error"):
+                if ans is None or ans.get("ev") in (Ev.ENDED, Ev.ERROR):
                     return ans
         except DaemonSilent as e:
             self.silent = e
@@ -372,7 +372,7 @@ class Client:
         def attach() -> Message:
             # Our lease's locks go back with the request: a restarted daemon
             # holds them again with us (checked there, not believed).
-            msg = encode({"op": "attach", "session": session})
+            msg = encode({"op": Op.ATTACH, "session": session})
             if self.lock_fds:
                 send_fds(self.sock, msg, self.lock_fds)
             else:
@@ -505,4 +505,4 @@ def _about_our_lease(msg: Message) -> bool:
     it names who released (``by``).
     """
     ev = msg.get("ev")
-    return ev == "expired" or (ev == "released" and "by" in msg)
+    return ev == Ev.EXPIRED or (ev == Ev.RELEASED and "by" in msg)

@@ -21,6 +21,7 @@ from hold.daemon.ledger import Lease, SessionRec, TreeRec
 from hold.daemon.schedule import plan
 from hold.daemon.state import DaemonState, label_for, refuse
 from hold.daemon.tokens import UnsafePath, remove_owned
+from hold.protocol import Ev
 from hold_supervisor.exitcodes import TOOL
 from hold_supervisor.proc.identity import ProcessId
 
@@ -212,7 +213,7 @@ class Grants:
         if not req.wait:
             self.queues[cls].remove(req)
             req.conn.request = None
-            req.conn.send({"ev": "busy", **self.holders_note(cls, req)})
+            req.conn.send({"ev": Ev.BUSY, **self.holders_note(cls, req)})
 
     def _grant_checked(
         self, cls: str, req: Request, devices: list[int], found: dict[int, Holders]
@@ -220,7 +221,7 @@ class Grants:
         """Granted after the scan; with a warning naming whoever holds them anyway ("warn")."""
         if found:
             busy = [{"index": i, "holders": h} for i, h in found.items()]
-            req.conn.send({"ev": "warning", "cls": cls, "blocked": busy})
+            req.conn.send({"ev": Ev.WARNING, "cls": cls, "blocked": busy})
         self.queues[cls].remove(req)
         self._grant(cls, req, devices, "scan")
 
@@ -304,7 +305,7 @@ class Grants:
         # neither one's death alone lets another arbiter grant the devices.
         conn.send(
             {
-                "ev": "granted",
+                "ev": Ev.GRANTED,
                 "lease": lease.lease_id,
                 "cls": cls,
                 "devices": devices,
@@ -397,4 +398,4 @@ class Grants:
             note = self.holders_note(cls, req)
             if note != req.conn.last_note:
                 req.conn.last_note = note
-                req.conn.send({"ev": "queued", **note})
+                req.conn.send({"ev": Ev.QUEUED, **note})

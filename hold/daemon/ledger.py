@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from enum import StrEnum
 from typing import Any
 
 from hold_supervisor.safefile import open_for_read, write_atomic
@@ -45,6 +46,14 @@ class TreeRec:
         return t
 
 
+class LeaseState(StrEnum):
+    """Where a lease stands; saved in ``state.json`` and shown as its string."""
+
+    ACTIVE = "active"  # granted, within its time limit
+    EXPIRED = "expired"  # past its time limit, the client told: it stops within the grace
+    ENDING = "ending"  # its trees are being stopped; its devices are not handed on yet
+
+
 class Lease:
     """Devices granted to one session, until ``expires`` (wall clock, seconds)."""
 
@@ -77,7 +86,7 @@ class Lease:
         self.granted = granted
         self.expires = expires
         self.grace = grace
-        self.state = "active"  # active -> expired (client told) -> ending (trees stopping)
+        self.state = LeaseState.ACTIVE  # -> EXPIRED (client told) -> ENDING (trees stopping)
         self.private = False  # the label is shown to its owner and root only
 
     def to_json(self) -> dict[str, Any]:
@@ -94,7 +103,7 @@ class Lease:
             d["expires"],
             d["grace"],
         )
-        lease.state = d.get("state", "active")
+        lease.state = LeaseState(d.get("state", LeaseState.ACTIVE))
         lease.private = bool(d.get("private", False))
         return lease
 

@@ -10,18 +10,28 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from hold.config import fingerprint
 from hold.daemon.conn import Conn, Request
 from hold.daemon.grants import Grants
-from hold.daemon.ledger import HOLDER_ENDED, SessionRec, TreeRec
+from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec, TreeRec
 from hold.daemon.report import answer as report_answer
 from hold.daemon.sessions import Endings
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
 from hold.leases import judge
-from hold.protocol import Message, check_label, flag_field, ints_field, number_field, text_field
+from hold.protocol import (
+    Ev,
+    Message,
+    Op,
+    check_label,
+    flag_field,
+    ints_field,
+    number_field,
+    text_field,
+)
 from hold_supervisor.exitcodes import TOOL
 from hold_supervisor.proc import scan
 from hold_supervisor.proc.identity import ProcessId, read_stat, user_name
@@ -30,6 +40,7 @@ from hold_supervisor.proc.tree import signalable_by
 _TREE_ID = re.compile(r"[0-9a-f]{8,32}")
 # How many devices, which ones (None: any), and those the client can use (None: all).
 Wanted = tuple[int, tuple[int, ...] | None, frozenset[int] | None]
+Handler = Callable[[Conn, Message], None]
 
 
 class Ops:
@@ -39,37 +50,36 @@ class Ops:
         self.st = st
         self.grants = grants
         self.endings = endings
+        # One handler per operation (tests/test_wire_enums.py: none is missing).
+        self.handlers: dict[Op, Handler] = {
+            Op.OPEN: lambda conn, _msg: self._open(conn),
+            Op.ATTACH: lambda conn, msg: self._attach(conn, text_field(msg, "session")),
+            Op.ACQUIRE: self._acquire,
+            Op.TREE: self._register_tree,
+            Op.ROOT: self._register_root,
+            Op.STATUS: self._status,
+            Op.RELEASE: lambda conn, msg: self._release(conn, text_field(msg, "lease")),
+            Op.END: lambda conn, _msg: self._end(conn),
+            Op.LEASES: lambda conn, _msg: self._leases(conn),
+            Op.CHECK: lambda conn, msg: self._check(conn, text_field(msg, "cls")),
+            Op.RETIRE: lambda conn, _msg: self._retire(conn),
+            Op.RELOAD: lambda conn, _msg: self._reload_op(conn),
+            Op.REPORT: self._report,
+        }
 
     def dispatch(self, conn: Conn, msg: Message) -> None:
         op = msg.get("op")
-        if op == "open":
-            self._open(conn)
-        elif op == "attach":
-            self._attach(conn, text_field(msg, "session"))
-        elif op == "acquire":
-            self._acquire(conn, msg)
-        elif op == "tree":
-            self._register_tree(conn, msg)
-        elif op == "root":
-            self._register_root(conn, msg)
-        elif op == "status":
-            conn.send({"ev": "status", **status(self.st, self.grants, conn.uid)})
-        elif op == "release":
-            self._release(conn, text_field(msg, "lease"))
-        elif op == "end":
-            self._end(conn)
-        elif op == "leases":
-            self._leases(conn)
-        elif op == "check":
-            self._check(conn, text_field(msg, "cls"))
-        elif op == "retire":
-            self._retire(conn)
-        elif op == "reload":
-            self._reload_op(conn)
-        elif op == "report":  # hook for hold report (hold/daemon/report.py)
-            conn.send({"ev": "report", **report_answer(self.st, conn.uid, msg)})
-        else:
+        if not isinstance(op, str) or op not in self.handlers:  # a member equals its string
             refuse(conn, f"unknown op {op!r}")
+            return
+        self.handlers[Op(op)](conn, msg)
+
+    def _status(self, conn: Conn, _msg: Message) -> None:
+        conn.send({"ev": Ev.STATUS, **status(self.st, self.grants, conn.uid)})
+
+    def _report(self, conn: Conn, msg: Message) -> None:
+        """For hold report (hold/daemon/report.py)."""
+        conn.send({"ev": Ev.REPORT, **report_answer(self.st, conn.uid, msg)})
 
     # -------------------------------------------------------------- sessions
 
@@ -93,7 +103,7 @@ class Ops:
         }
         conn.send(
             {
-                "ev": "session",
+                "ev": Ev.SESSION,
                 "session": sid,
                 "arbiter": self.st.arbiter(),
                 "classes": dict(self.st.sizes),
@@ -120,9 +130,9 @@ class Ops:
         if lease is not None:
             for i in lease.devices:
                 self.st.locks.take_back(self.st.keys[lease.cls][i], conn.fds)
-        conn.send({"ev": "attached", "lease": lease.to_json() if lease else None})
-        if lease is not None and lease.state == "expired":
-            conn.send({"ev": "expired", "grace": lease.grace})
+        conn.send({"ev": Ev.ATTACHED, "lease": lease.to_json() if lease else None})
+        if lease is not None and lease.state == LeaseState.EXPIRED:
+            conn.send({"ev": Ev.EXPIRED, "grace": lease.grace})
         self.st.log_for("session_attached", s)
 
     def _release(self, conn: Conn, lease_id: str) -> None:
@@ -138,10 +148,10 @@ class Ops:
                 f"lease {lease_id} belongs to {target.user}; only that user or root may release it",
             )
             return
-        self.endings.release_waiters.setdefault(target.session_id, []).append((conn, "released"))
+        self.endings.release_waiters.setdefault(target.session_id, []).append((conn, Ev.RELEASED))
         holder = self.st.attached.get(target.session_id)
         if holder is not None:
-            holder.send({"ev": "released", "by": user_name(conn.uid)})
+            holder.send({"ev": Ev.RELEASED, "by": user_name(conn.uid)})
         self.endings.end(target, f"released by {user_name(conn.uid)}")
 
     def _end(self, conn: Conn) -> None:
@@ -158,9 +168,9 @@ class Ops:
             self.st.sessions.pop(s.session_id, None)
             self.st.attached.pop(s.session_id, None)
             conn.session = None
-            conn.send({"ev": "ended"})
+            conn.send({"ev": Ev.ENDED})
             return
-        self.endings.release_waiters.setdefault(s.session_id, []).append((conn, "ended"))
+        self.endings.release_waiters.setdefault(s.session_id, []).append((conn, Ev.ENDED))
         self.endings.end(s, HOLDER_ENDED)
 
     # --------------------------------------------------------------- acquire
@@ -185,7 +195,7 @@ class Ops:
             # nodes is granted to --no-wait too.)
             note = self.grants.holders_note(cls, req)  # as it stands, before the line moves on
             self.grants.drop_request(req)
-            conn.send({"ev": "busy", **note, "position": 0})
+            conn.send({"ev": Ev.BUSY, **note, "position": 0})
 
     def _request_from(self, conn: Conn, msg: Message, cls: str) -> Request | None:
         """The request ``msg`` makes for ``cls``, every field checked; None: refused."""
@@ -292,7 +302,7 @@ class Ops:
         s.trees[tree.tree_id] = tree
         self.st.save()
         self.st.log_for("tree_registered", s, tree=tree.tree_id, leaf=tree.leaf)
-        conn.send({"ev": "ok", "tree": tree.tree_id})
+        conn.send({"ev": Ev.OK, "tree": tree.tree_id})
 
     def _register_root(self, conn: Conn, msg: Message) -> None:
         """The spawned root of a registered tree: believed only if it descends from the client."""
@@ -334,10 +344,10 @@ class Ops:
         records = [
             self.st.records.record(s)
             for s in self.st.sessions.values()
-            if s.lease is not None and s.lease.state != "ending"
+            if s.lease is not None and s.lease.state != LeaseState.ENDING
         ]
         covered, why = judge(conn.peer, cls, records)
-        conn.send({"ev": "check", "covered": covered, "why": why, "arbiter": self.st.arbiter()})
+        conn.send({"ev": Ev.CHECK, "covered": covered, "why": why, "arbiter": self.st.arbiter()})
 
     def _leases(self, conn: Conn) -> None:
         """Every live lease, as the asker may see it (``hold audit`` believes only this)."""
@@ -346,7 +356,7 @@ class Ops:
             for s in self.st.sessions.values()
             if s.lease is not None
         ]
-        conn.send({"ev": "leases", "leases": out})
+        conn.send({"ev": Ev.LEASES, "leases": out})
 
     # --------------------------------------------------------- the daemon
 
@@ -372,7 +382,7 @@ class Ops:
         else:
             assert st.log is not None
             st.log.info("retiring", asked_by=conn.peer.pid, config=st.config_path)
-            conn.send({"ev": "retiring", "pid": os.getpid()})
+            conn.send({"ev": Ev.RETIRING, "pid": os.getpid()})
             st.stopping = True
             return
         refuse(conn, why)
@@ -386,7 +396,7 @@ class Ops:
             refuse(conn, why)
         else:
             conn.send(
-                {"ev": "reloaded", "config": self.st.config_path, "classes": dict(self.st.sizes)}
+                {"ev": Ev.RELOADED, "config": self.st.config_path, "classes": dict(self.st.sizes)}
             )
 
     def reload(self) -> str | None:

@@ -36,13 +36,14 @@ from typing import Any
 from hold.daemon import listener
 from hold.daemon.conn import Conn
 from hold.daemon.grants import Grants
+from hold.daemon.ledger import LeaseState
 from hold.daemon.ops import Ops
 from hold.daemon.records import Log
 from hold.daemon.sessions import Endings, recover
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
 from hold.devices.classes import DeviceClass
-from hold.protocol import ProtocolError
+from hold.protocol import Ev, ProtocolError
 from hold.statedir import StateDir
 from hold_supervisor.sigwake import drain
 from hold_supervisor.stack.notify import tell_systemd
@@ -328,7 +329,7 @@ class Daemon:
         deadlines = [
             s.lease.expires - now_wall
             for s in self.st.sessions.values()
-            if s.lease is not None and s.lease.state == "active"
+            if s.lease is not None and s.lease.state == LeaseState.ACTIVE
         ]
         deadlines += [t - now_mono for t in self.endings.kill_at.values()]
         if self.grants.recheck_at is not None:
@@ -386,13 +387,13 @@ class Daemon:
     def _expire_leases(self, now_wall: float, now_mono: float) -> None:
         for s in list(self.st.sessions.values()):
             lease = s.lease
-            if lease is not None and lease.state == "active" and lease.expires <= now_wall:
-                lease.state = "expired"
+            if lease is not None and lease.state == LeaseState.ACTIVE and lease.expires <= now_wall:
+                lease.state = LeaseState.EXPIRED
                 self.st.save()
                 self.st.log_for("expired", s)
                 conn = self.st.attached.get(s.session_id)
                 if conn is not None:
-                    conn.send({"ev": "expired", "grace": lease.grace})
+                    conn.send({"ev": Ev.EXPIRED, "grace": lease.grace})
                 # The client stops its command within the grace; after that
                 # (and a margin for the survivor check), the daemon does.
                 self.endings.kill_at[s.session_id] = now_mono + lease.grace + 2.0

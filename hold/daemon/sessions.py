@@ -18,9 +18,10 @@ from typing import Any
 from hold.daemon import ledger, occupancy
 from hold.daemon.conn import Conn
 from hold.daemon.grants import Grants
-from hold.daemon.ledger import HOLDER_ENDED, SessionRec, TreeRec
+from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec, TreeRec
 from hold.daemon.listener import pidfd_exited
 from hold.daemon.state import DaemonState
+from hold.protocol import Ev
 from hold_supervisor.proc.cgroup import Leaf
 from hold_supervisor.proc.identity import ProcessId
 from hold_supervisor.proc.stop import StopReport, stop_tree
@@ -39,7 +40,7 @@ class Endings:
         self.grants = grants
         self.ending: set[str] = set()  # sessions whose trees are being stopped
         # Who waits for a session's end: (connection, the event to send it).
-        self.release_waiters: dict[str, list[tuple[Conn, str]]] = {}
+        self.release_waiters: dict[str, list[tuple[Conn, Ev]]] = {}
         self.kill_at: dict[str, float] = {}  # session id -> monotonic deadline
         self.watch: dict[int, str] = {}  # pidfd of a detached owner -> session id
         self.done: queue.SimpleQueue[Stopped] = queue.SimpleQueue()
@@ -51,7 +52,7 @@ class Endings:
         self.ending.add(s.session_id)
         self.kill_at.pop(s.session_id, None)
         if s.lease is not None:
-            s.lease.state = "ending"
+            s.lease.state = LeaseState.ENDING
         self.st.save()
         self.st.log_for("session_ending", s, reason=reason)
         # A lease's grace, else the longest its trees asked for (hold run).

@@ -23,6 +23,7 @@ from hold.daemon.usage import Usage
 from hold.daemon.workers import Workers
 from hold.devices.classes import DeviceClass
 from hold.devices.scancache import ScanCache
+from hold.protocol import Ev
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import USAGE
 from hold_supervisor.proc.cgroup import v2_mount
@@ -155,4 +156,4 @@ def label_for(s: SessionRec, viewer: int) -> str | None:
 
 def refuse(conn: Conn, why: str, code: int = USAGE) -> None:
     """Answer a request with an error (USAGE: the request itself was wrong)."""
-    conn.send({"ev": "error", "code": code, "error": why})
+    conn.send({"ev": Ev.ERROR, "code": code, "error": why})

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from hold.daemon import occupancy
 from hold.daemon.history import History
-from hold.daemon.ledger import HOLDER_ENDED, SessionRec
+from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec
 from hold.devices.classes import node_key
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ class Usage:
         leases = [
             (s.lease.lease_id, s.lease.cls, list(s.lease.devices))
             for s in list(self.st.sessions.values())
-            if s.lease is not None and s.lease.state != "ending"
+            if s.lease is not None and s.lease.state != LeaseState.ENDING
         ]
         for lid, cls, devices in leases:
             with self._lock:

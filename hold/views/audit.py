@@ -62,7 +62,7 @@ def live_leases(sd: StateDir) -> list[LeaseView]:
     if not os.path.exists(sd.socket):
         return []  # what connecting would find, without importing the client (~8 ms, issue 13)
     from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
-    from hold.protocol import ProtocolError
+    from hold.protocol import Op, ProtocolError
 
     try:
         client = Client.connect(sd, autostart=False)
@@ -71,7 +71,7 @@ def live_leases(sd: StateDir) -> list[LeaseView]:
     except DaemonUnreachable:
         return []
     try:
-        ans = client.request({"op": "leases"})
+        ans = client.request({"op": Op.LEASES})
     except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
         raise LeasesUnknown(f"cannot tell which holders a lease covers: {e}") from None
     finally:

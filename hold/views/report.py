@@ -63,6 +63,7 @@ def fetch(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
     """The report: the daemon's answer, or the history file read here (no daemon)."""
     from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
     from hold.errors import HoldError
+    from hold.protocol import Ev, Op
 
     try:
         client = Client.connect(sd, autostart=False)
@@ -71,12 +72,12 @@ def fetch(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
     except DaemonUnreachable:
         return _from_file(sd, since, show_labels)
     try:
-        ans = client.request({"op": "report", "since": since})
+        ans = client.request({"op": Op.REPORT, "since": since})
     except DaemonSilent as e:
         return _from_file(sd, since, show_labels, e)
     finally:
         client.close()
-    if ans.get("ev") != "report":
+    if ans.get("ev") != Ev.REPORT:
         raise HoldError(f"the daemon refused the report: {ans.get('error', ans)}")
     ans.pop("ev", None)
     return ans

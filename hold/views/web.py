@@ -159,14 +159,14 @@ class Sources:
 
     def _ask_status(self) -> dict[str, Any]:
         from hold.client.connection import Client, DaemonUnreachable
-        from hold.protocol import ProtocolError
+        from hold.protocol import Op, ProtocolError
 
         try:  # never starts a daemon: a page left open must not keep one alive
             client = Client.connect(self.sd, autostart=False)
         except DaemonUnreachable as e:
             raise Unavailable(f"{e} (the page starts none)") from None
         try:
-            ans: dict[str, Any] = client.request({"op": "status"})
+            ans: dict[str, Any] = client.request({"op": Op.STATUS})
         except (DaemonUnreachable, OSError, ProtocolError, TimeoutError) as e:
             raise Unavailable(f"the daemon did not answer: {e}") from None
         finally:
