@@ -27,6 +27,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from hold.cli.adoptjob import Job
+from hold.client.session import LeaseSession
+from hold.protocol import Op
 from hold_supervisor import exitcodes
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ class Adoption:
         self.pid = args.adopt
         self.prog = prog
         self.setup = setup
-        self.client: Client | None = setup.client
+        self.session: LeaseSession | None = None
         self.job: Job | None = None
 
     def say(self, text: str) -> None:
@@ -86,35 +88,25 @@ class Adoption:
             return self.refuse(f"no process {self.pid}")
         except ValueError as e:  # cgroups: required, and no leaf can be had
             return self.refuse(str(e))
-        code = self._connect()
-        if code is not None:
-            return code
-        assert self.client is not None
-        daemon = int((self.client.info.get("arbiter") or {}).get("pid") or 0)
+        session = LeaseSession.open(
+            self.setup.sd,
+            self.say,
+            digest=self.setup.digest,
+            needs_lease=True,
+            silent=self.setup.silent,
+            client=self.setup.client,
+        )
+        if isinstance(session, int):
+            return session
+        self.session = session
+        assert session.client is not None
+        daemon = int((session.client.info.get("arbiter") or {}).get("pid") or 0)
         why = refusal(self.pid, self.job.root.starttime, os.geteuid(), os.getpid(), daemon)
         why = why or self.job.look(daemon)
-        why = why or self._leased_elsewhere(self.client)
+        why = why or self._leased_elsewhere(session.client)
         if why is not None:
             return self.refuse(why)
-        return self._acquire(self.client, self.job)
-
-    def _connect(self) -> int | None:
-        """A session with the daemon (``self.client``); else an exit status."""
-        from hold.client.connection import Client, ConfigMismatch, DaemonUnreachable
-
-        if self.client is not None:
-            return None
-        try:
-            if self.setup.silent is not None:  # it did not answer the probe: not asked twice
-                raise self.setup.silent
-            self.client = Client.with_session(self.setup.sd, config=self.setup.digest)
-        except ConfigMismatch as e:
-            self.say(str(e))
-            return exitcodes.USAGE
-        except (DaemonUnreachable, OSError, TimeoutError) as e:
-            self.say(f"cannot reach the ticket daemon: {e}")
-            return exitcodes.TOOL
-        return None
+        return self._acquire(session, self.job)
 
     def _leased_elsewhere(self, client: Client) -> str | None:
         """Why not, where the job holds a device that a live lease holds (naming it)."""
@@ -124,7 +116,7 @@ class Adoption:
         held = self.job.held_devices(client)
         if not held:
             return None
-        ans = client.request({"op": "leases"})
+        ans = client.request({"op": Op.LEASES})
         for raw in ans.get("leases") or []:
             try:
                 rec = LeaseRecord.from_json(raw)
@@ -160,9 +152,9 @@ class Adoption:
             return f"its tree holds {cls}:{held}: -n {self.args.count} does not fit"
         return (indices if indices is not None else tuple(mine)), len(indices or mine)
 
-    def _acquire(self, client: Client, job: Job) -> int:
+    def _acquire(self, session: LeaseSession, job: Job) -> int:
         """Wait in line; once granted, guard the job to its end."""
-        from hold.client.lease import DEFAULT_TTL, acquire_lease
+        from hold.client.lease import DEFAULT_TTL
         from hold.client.waitline import WaitLine
 
         assert self.setup.spec is not None
@@ -171,10 +163,7 @@ class Adoption:
             return self.refuse(wanted)
         indices, count = wanted
         args = self.args
-        got = acquire_lease(
-            client,
-            self.setup.sd,
-            self.say,
+        code = session.acquire(
             cls=self.setup.spec[0],
             indices=indices,
             count=count,
@@ -188,24 +177,23 @@ class Adoption:
             private=args.private,
             live=WaitLine.at_terminal(sys.stderr, self.prog),
         )
-        if isinstance(got, int):
-            return got
-        return job.guard(client, got)
+        if code is not None:
+            return code
+        return job.guard(session)
 
     def interrupted(self, signum: int) -> int:
         """A stop signal before the job was guarded by this client's own loop."""
         name = signal.Signals(signum).name
-        client = self.client
-        if client is not None and client.lock_fds:
+        if self.session is not None and self.session.holds_lease:
             # Granted: the daemon guards the job already; the end stops it.
-            client.end()
+            self.session.end()
             self.say(f"{name}; pid {self.pid} and its tree stopped")
         else:
             self.say(f"{name}; pid {self.pid} not adopted, left running")
         return exitcodes.signalled(signum)
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
+        if self.session is not None:
+            self.session.close()
         if self.job is not None:
             self.job.close()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hold.protocol import Ev
 from hold_supervisor import exitcodes
 from hold_supervisor.cause import Cause
 from hold_supervisor.proc.identity import Handle, ProcessId, read_stat
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from hold.cli.runargs import RunArgs
     from hold.client.connection import Client
     from hold.client.lease import Granted
+    from hold.client.session import LeaseSession
     from hold_supervisor.proc.cgroup import Hierarchy, Leaf
     from hold_supervisor.proc.stop import StopReport
 
@@ -120,24 +122,26 @@ class Job:
 
     # ------------------------------------------------------------ guarded
 
-    def guard(self, client: Client, got: Granted) -> int:
+    def guard(self, session: LeaseSession) -> int:
         """Contain it, wait for its end (or the lease's, or a signal), stop what is
         left, end the lease; the exit status (the module docstring)."""
         from hold_supervisor.proc.stop import stop_tree
 
+        got = session.granted
+        assert got is not None
         with _signals_taken() as wake:
             try:
-                self._contain(client)
+                self._contain(session)
                 self._adopted(got)
-                cause = self._wait(client, wake, got.expires)
+                cause = self._wait(session, wake, got.expires)
                 sig = cause.signal if cause.kind == "signal" and cause.signal else None
                 report = stop_tree(self.tree, sig=sig or self.args.signal, grace=self.args.grace)
             finally:
                 self._release_leaf()
-        client.end()  # returns once the daemon has ended the lease
+        session.end()  # returns once the daemon has ended the lease
         return self._outcome(cause, report)
 
-    def _contain(self, client: Client) -> None:
+    def _contain(self, session: LeaseSession) -> None:
         """Its tree moved into a leaf in its own cgroup, and the daemon told; else walked."""
         from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.proc.tree import move_into
@@ -162,8 +166,8 @@ class Job:
                 f"warning: pids {', '.join(map(str, failed))} cannot be moved into the "
                 "lease's cgroup; they are found by walking /proc"
             )
-        ans = client.request_renewing({"op": "tree", **self.registration(leaf)})
-        if ans.get("ev") != "ok":
+        ans = session.register(self.registration(leaf))
+        if ans.get("ev") != Ev.OK:
             self.say(f"warning: the daemon did not take the cgroup: {ans.get('error')}")
 
     def _adopted(self, got: Granted) -> None:
@@ -177,18 +181,17 @@ class Job:
             f"{got.lease} on {devs}, {format_until(got.expires, time.time())}"
         )
 
-    def _wait(self, client: Client, wake: int, expires: float) -> Cause:
+    def _wait(self, session: LeaseSession, wake: int, expires: float) -> Cause:
         """Until the root exits, the lease ends, or a signal comes: why it is stopped."""
-        from hold.client.lease import daemon_event
-
+        daemon = session.fileno()
         poller = select.poll()
-        for fd in (self.handle.fd, wake, client.fileno()):
+        for fd in (self.handle.fd, wake, daemon):
             poller.register(fd, select.POLLIN)
         deadline = time.monotonic() + (expires - time.time())
-        if client.events:  # told while the tree was registered: no byte will wake the poll
-            ev = daemon_event(client, self.say)
-            if ev is not None:
-                return Cause(ev[0], detail=ev[1])
+        if session.pending():  # told while the tree was registered: no byte will wake the poll
+            told = session.event()
+            if told is not None:
+                return told
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -200,7 +203,7 @@ class Job:
                 self.tree.forget_dead()
             # The daemon's word first: a release or an expiry stops the job, and
             # when both are ready in one poll the job's exit is its consequence.
-            for fd, _ in sorted(ready, key=lambda r: r[0] != client.fileno()):
+            for fd, _ in sorted(ready, key=lambda r: r[0] != daemon):
                 if fd == self.handle.fd:
                     return Cause("exited", detail=f"pid {self.root.pid} ended")
                 if fd == wake:
@@ -208,10 +211,10 @@ class Job:
                         if signum in FORWARDED:
                             name = signal.Signals(signum).name
                             return Cause("signal", name, signal=signum)
-                elif fd == client.fileno():
-                    ev = daemon_event(client, self.say)
-                    if ev is not None:
-                        return Cause(ev[0], detail=ev[1])
+                elif fd == daemon:
+                    told = session.event()
+                    if told is not None:
+                        return told
 
     def _release_leaf(self) -> None:
         leaf = self.tree.leaf

@@ -20,6 +20,7 @@ from typing import TextIO
 from hold.config import Config
 from hold.devices.classes import DeviceClass
 from hold.errors import HoldError
+from hold.protocol import Ev, Op
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import TOOL, USAGE
 
@@ -103,10 +104,10 @@ def reload(sd: StateDir) -> str:
     from hold.client.connection import Client, DaemonUnreachable
 
     try:
-        ans = Client.connect(sd, autostart=False).request({"op": "reload"})
+        ans = Client.connect(sd, autostart=False).request({"op": Op.RELOAD})
     except (DaemonUnreachable, OSError, TimeoutError) as e:
         raise DaemonCommandError(f"--reload: {e}", TOOL) from None
-    if ans.get("ev") != "reloaded":
+    if ans.get("ev") != Ev.RELOADED:
         raise DaemonCommandError(f"--reload: {ans.get('error')}", int(ans.get("code", TOOL)))
     classes = ", ".join(f"{k} ({v})" for k, v in sorted(ans["classes"].items()))
     return f"reloaded {ans.get('config') or 'the defaults'}: {classes}"

@@ -20,6 +20,7 @@ from hold.cli.completion import (
     unit_values,
 )
 from hold.cli.runargs import help_text
+from hold.protocol import Ev, Op
 from hold_supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
 from hold_supervisor.parse import BadValue
 
@@ -174,7 +175,7 @@ def status_cmd(as_json: bool) -> None:
     """
     from hold.views.status import main_status
 
-    main_status(_client().request({"op": "status"}), as_json)
+    main_status(_client().request({"op": Op.STATUS}), as_json)
 
 
 @cli.command("web")
@@ -235,7 +236,7 @@ def release_cmd(lease_id: str) -> None:
 
     client = _client()
     try:
-        client.send({"op": "release", "lease": lease_id})
+        client.send({"op": Op.RELEASE, "lease": lease_id})
         # The answer comes once the lease's tree is stopped (its grace, at
         # most an hour); meanwhile the daemon must go on answering (ping).
         client.ping()
@@ -248,7 +249,7 @@ def release_cmd(lease_id: str) -> None:
             f"{RELEASE_TIMEOUT:g} s",
             TOOL,
         )
-    if ans is None or ans.get("ev") == "error":
+    if ans is None or ans.get("ev") == Ev.ERROR:
         _fail(
             str(ans.get("error") if ans else "the daemon closed the connection"),
             int(ans.get("code", USAGE)) if ans else TOOL,
@@ -331,7 +332,7 @@ def metrics_cmd(output: str | None) -> None:
     from hold_supervisor.safefile import UnsafePath
 
     _, classes = _classes()
-    ans = _client().request({"op": "status"})
+    ans = _client().request({"op": Op.STATUS})
     try:
         raise SystemExit(main_metrics(ans, build_report(_state_dir(), classes, None), output))
     except (UnsafePath, OSError) as e:

@@ -33,8 +33,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from hold.cli.runargs import RunArgs, UsageError, help_text, parse_run_args, usage_for
-from hold.client.lease import DEFAULT_TTL, acquire_lease, daemon_event
+from hold.client.lease import DEFAULT_TTL
+from hold.client.session import DaemonLost, LeaseSession
 from hold.config import CGROUP_MODES
+from hold.protocol import Ev
 from hold_supervisor import exitcodes
 from hold_supervisor.parse import BadValue
 
@@ -84,10 +86,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
     try:
         # Until the command runs (its own handlers take over then).
         with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
-            run = Run(args, prog, setup.cgroups, setup.sd, setup.spec, setup.digest)
-            run.client = setup.client
-            run.silent = setup.silent
-            return run.execute()
+            return Run(args, prog, setup).execute()
     except Interrupted as e:
         print(f"{prog}: {signal.Signals(e.signum).name}; nothing is left running", file=sys.stderr)
         return exitcodes.signalled(e.signum)
@@ -197,27 +196,16 @@ def _spec(
 
 
 class Run:
-    """One ``hold run``: the daemon conversation around a :class:`Foreground`."""
+    """One ``hold run``: the daemon conversation (:class:`LeaseSession`) around a
+    :class:`Foreground`."""
 
-    def __init__(
-        self,
-        args: RunArgs,
-        prog: str,
-        cgroups: str,
-        sd: StateDir,
-        spec: tuple[str, tuple[int, ...] | None] | None,
-        config_digest: str | None = None,
-    ) -> None:
+    def __init__(self, args: RunArgs, prog: str, setup: Setup) -> None:
         self.args = args
-        self.config_digest = config_digest
         self.prog = prog
-        self.cgroups = cgroups
-        self.sd = sd
-        self.spec = spec
-        self.client: Client | None = None
-        self.silent: Exception | None = None  # our daemon did not answer (Setup.silent)
-        self.lease: str | None = None
-        self.expires = 0.0
+        self.setup = setup
+        self.cgroups = setup.cgroups
+        self.spec = setup.spec
+        self.session: LeaseSession | None = None
 
     def say(self, text: str) -> None:
         print(f"{self.prog}: {text}", file=sys.stderr, flush=True)
@@ -276,9 +264,18 @@ class Run:
         args = self.args
         # The daemon first: if we have to start it, it must not be our child
         # while we are a subreaper (prepare() below may make us one).
-        code = self._connect()
-        if code is not None:
-            return code
+        session = LeaseSession.open(
+            self.setup.sd,
+            self.say,
+            digest=self.setup.digest,
+            needs_lease=self.spec is not None,
+            unguarded=("this command", "it is"),
+            silent=self.setup.silent,
+            client=self.setup.client,
+        )
+        if isinstance(session, int):
+            return session
+        self.session = session
         fg = Foreground(
             args.command,
             env=env,
@@ -294,119 +291,79 @@ class Run:
         # must allow what the user asked for, lease or not.
         tree: dict[str, object] = {"tree_id": tree_id, "leaf": None, "grace": args.grace}
         try:
-            if self.client is not None and self.spec is not None:
+            if session.guarded and self.spec is not None:
                 # Wait in line first, with the tree known by its marker only:
                 # the leaf is made once the lease is granted (a leaf made before
                 # a long wait can be removed by someone else in the meantime).
                 # ctypes for the clone into the leaf, loaded while the daemon checks.
-                code = self._acquire(self.client, tree, env, preload if hierarchy else None)
+                code = self._acquire(session, tree, env, preload if hierarchy else None)
                 if code is not None:
+                    session.close()
                     return code
                 fg.env = env
-                fg.timeout = self.expires - time.time()
+                assert session.granted is not None
+                fg.timeout = session.granted.expires - time.time()
         except (OSError, TimeoutError) as e:
+            session.close()
             self.say(f"lost the ticket daemon: {e}")
             return exitcodes.TOOL
         return self._run(fg, tree)
-
-    def _connect(self) -> int | None:
-        """A session with the daemon (``self.client``; None without one); else an exit status."""
-        from hold.client.connection import Client, ConfigMismatch, DaemonSilent, DaemonUnreachable
-
-        if self.client is not None:  # opened by _setup: it reads our configuration
-            return None
-        try:
-            if self.silent is not None:  # it did not answer _setup's probe: not asked twice
-                raise self.silent
-            self.client = Client.with_session(self.sd, config=self.config_digest)
-        except ConfigMismatch as e:
-            self.say(str(e))
-            return exitcodes.USAGE
-        except DaemonSilent as e:
-            if self.spec is not None:
-                self.say(f"{e}; nothing was granted")
-                return exitcodes.TOOL
-            self.say(
-                f"warning: {e}; this command runs without a guardian: it is stopped "
-                "only while this process lives"
-            )
-            self.client = None
-        except (DaemonUnreachable, OSError, TimeoutError) as e:
-            if self.spec is not None:
-                self.say(f"cannot reach the ticket daemon: {e}")
-                return exitcodes.TOOL
-            self.say(
-                f"warning: no guardian for this command ({e}); it is stopped only "
-                "while this process lives"
-            )
-            self.client = None
-        return None
 
     def _run(self, fg: Foreground, tree: dict[str, object]) -> int:
         """The leaf, the tree registered, the command run and stopped; its exit status."""
         from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.spawn.child import SpawnError
 
+        session = self.session
+        assert session is not None
         try:
             leaf = fg.prepare()
         except CgroupUnavailable as e:  # writable, yet no leaf could be made
             if self.cgroups == "required":
+                session.close()
                 self.say(f"cgroups: required, but {e}")
                 return exitcodes.USAGE
             fg.hierarchy = None
             leaf = fg.prepare()
         if self.args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
             self.say(fg.walk_note(self.cgroups))
-        client = self.client
         with fg.until_run():  # the leaf goes, whatever happens, if the command never runs
-            if client is not None and (leaf is not None or self.spec is None):
-                tree["leaf"] = leaf.path if leaf else None
-                if not self._register(client, tree):
-                    return exitcodes.TOOL
-            extra = {client.fileno(): self._on_daemon} if client is not None else None
             try:
+                if session.guarded and (leaf is not None or self.spec is None):
+                    tree["leaf"] = leaf.path if leaf else None
+                    if not self._register(session, tree):
+                        return exitcodes.TOOL
+                extra = {session.fileno(): self._on_daemon} if session.guarded else None
                 result = fg.run(extra=extra, on_started=self._on_started(str(tree["tree_id"])))
             except SpawnError as e:
                 self.say(str(e))
                 return e.exit_code
             finally:
-                if client is not None:
-                    if self.lease is not None:
-                        # Returns once the daemon has ended the lease: the token is
-                        # gone and the device grantable when we return.
-                        client.end(timeout=self.args.grace + END_MARGIN)
-                        if client.silent is not None:
-                            self.say(
-                                f"warning: {client.silent} to end the lease; it ends it "
-                                "once it reads again (this connection is closed)"
-                            )
-                    client.close()
+                # Returns once the daemon has ended the lease: the token is gone
+                # and the device grantable when we return.
+                session.end(timeout=self.args.grace + END_MARGIN)
+                session.close()
         return self._outcome(result)
 
-    def _register(self, client: Client, tree: dict[str, object]) -> bool:
+    def _register(self, session: LeaseSession, tree: dict[str, object]) -> bool:
         """The tree made known to the daemon (its guardian); False if the daemon is lost."""
-        from hold.client.connection import DaemonUnreachable
-        from hold.protocol import ProtocolError
-
         try:
-            ans = client.request_renewing({"op": "tree", **tree})
-        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
+            ans = session.register(tree)
+        except DaemonLost as e:
             self.say(f"lost the ticket daemon: {e}")
             return False
-        if ans.get("ev") != "ok":
+        if ans.get("ev") != Ev.OK:
             self.say(f"warning: the daemon refused to guard this command: {ans}")
         return True
 
     def _on_started(self, tree_id: str) -> Callable[[Tree], None]:
         """Tell the daemon the command's pid once it runs."""
-        client = self.client
+        session = self.session
+        assert session is not None
 
         def on_started(t: Tree) -> None:
-            if client is not None and t.root is not None:
-                try:
-                    client.send({"op": "root", "tree_id": tree_id, "pid": t.root.pid})
-                except OSError:
-                    pass
+            if t.root is not None:
+                session.tell_root(tree_id, t.root.pid)
 
         return on_started
 
@@ -431,7 +388,7 @@ class Run:
 
     def _acquire(
         self,
-        client: Client,
+        session: LeaseSession,
         tree: Mapping[str, object],
         env: dict[str, str],
         meanwhile: Callable[[], None] | None,
@@ -442,10 +399,7 @@ class Run:
         assert self.spec is not None
         args = self.args
         cls, indices = self.spec
-        got = acquire_lease(
-            client,
-            self.sd,
-            self.say,
+        return session.acquire(
             cls=cls,
             indices=indices,
             count=args.count or 1,
@@ -460,15 +414,8 @@ class Run:
             live=WaitLine.at_terminal(sys.stderr, self.prog),
             meanwhile=meanwhile,
         )
-        if isinstance(got, int):
-            return got
-        self.lease, self.expires = got.lease, got.expires
-        return None
 
     def _on_daemon(self, fd: int) -> Cause | None:
         """A message from the daemon while the command runs: expiry, release, or its loss."""
-        from hold_supervisor.cause import Cause
-
-        assert self.client is not None
-        ev = daemon_event(self.client, self.say)
-        return Cause(ev[0], detail=ev[1]) if ev is not None else None
+        assert self.session is not None
+        return self.session.event()

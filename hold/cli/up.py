@@ -1,7 +1,7 @@
 """``hold up``: a stack run inside a ticket, in the foreground or detached.
 
 * with ``hold:`` in the file, the ticket is taken first (waiting in line as
-  ``npu-hold`` does, through :func:`hold.client.lease.acquire_lease`), and every
+  ``npu-hold`` does, through :class:`hold.client.session.LeaseSession`), and every
   unit gets its variables (``HOLD_LEASE``, ``CUDA_VISIBLE_DEVICES``...) and
   runs inside it, so units pass ``hold check``;
 * every unit's tree is registered with the daemon before anything is spawned
@@ -23,11 +23,12 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hold.cli.stackdir import load_checked, open_sd, run_dir_of, say
+from hold.protocol import Ev
 from hold_supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
 from hold_supervisor.parse import BadValue
 
 if TYPE_CHECKING:
-    from hold.client.connection import Client
+    from hold.client.session import LeaseSession
     from hold.config import Config
     from hold.statedir import StateDir
     from hold_supervisor.cause import Cause
@@ -211,9 +212,7 @@ class StackRun:
         self.settings = settings
         self.run_for = run_for
         self.status = StatusPipe(status_fd) if status_fd is not None else None
-        self.client: Client | None = None
-        self.send_lock = threading.Lock()
-        self.leased = False
+        self.session: LeaseSession | None = None
 
     def say(self, text: str) -> None:
         if self.status is not None:
@@ -243,7 +242,7 @@ class StackRun:
             on_started=self._on_started,
             run_for=self.run_for,
             on_ready=self.status.ready if self.status else None,
-            on_stopped=self._end_lease,
+            on_stopped=self._end_lease,  # before hold down is answered
             # Detached, the file as the command named it, from where it was named.
             source=os.path.abspath(spec.path) if self.status else "",
         )
@@ -259,34 +258,32 @@ class StackRun:
 
     def _run(self, stack: Stack) -> int:
         """The daemon, the ticket, then the stack itself."""
-        from hold.client.connection import Client, ConfigMismatch, DaemonUnreachable
+        from hold.client.session import LeaseSession
         from hold_supervisor.stack.stack import StackError
 
         spec = self.spec
         # The daemon before the stack starts: if we have to start one, it must
         # not become our child while we are a subreaper (the stack may make us one).
-        try:
-            self.client = Client.with_session(self.sd, config=self.settings.digest)
-        except ConfigMismatch as e:
-            self.say(str(e))
-            return USAGE
-        except (DaemonUnreachable, OSError, TimeoutError) as e:
-            if spec.hold is not None:
-                self.say(f"cannot reach the ticket daemon: {e}")
-                return TOOL
-            self.say(
-                f"warning: no guardian for this stack ({e}); its units are stopped "
-                "only while this process lives"
-            )
-            self.client = None
+        session = LeaseSession.open(
+            self.sd,
+            self.say,
+            digest=self.settings.digest,
+            needs_lease=spec.hold is not None,
+            unguarded=("this stack", "its units are"),
+        )
+        if isinstance(session, int):
+            if self.status is not None:
+                self.status.close()
+            return session
+        self.session = session
         try:
             env: dict[str, str] = {}
             if spec.hold is not None:
-                code = self._acquire(env)
+                code = self._acquire(session, env)
                 if code is not None:
                     return code
-            if self.client is not None:
-                stack.extra[self.client.fileno()] = self._on_daemon
+            if session.guarded:
+                stack.extra[session.fileno()] = self._on_daemon
             try:
                 result = stack.run(extra_env=env)
             except StackError as e:
@@ -295,25 +292,19 @@ class StackRun:
                 return e.code
             return result.code
         finally:
-            if self.client is not None:
-                self._end_lease()  # if the stack did not (it never ran)
-                self.client.close()
+            session.end()  # if the stack did not (it never ran)
+            session.close()
             if self.status is not None:
                 self.status.close()  # the starter reads its end of file: not ready
 
-    def _acquire(self, env: dict[str, str]) -> int | None:
-        from hold.client.lease import DEFAULT_TTL, acquire_lease
+    def _acquire(self, session: LeaseSession, env: dict[str, str]) -> int | None:
+        from hold.client.lease import DEFAULT_TTL
 
         hold = self.spec.hold
         assert hold is not None and self.settings.device is not None
-        if self.client is None:
-            return TOOL
         cls, indices = self.settings.device
         grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
-        got = acquire_lease(
-            self.client,
-            self.sd,
-            self.say,
+        code = session.acquire(
             cls=cls,
             indices=indices,
             count=len(indices) if indices else 1,
@@ -325,9 +316,10 @@ class StackRun:
             tree=None,
             env=env,
         )
-        if isinstance(got, int):
-            return got
-        self.leased = True
+        if code is not None:
+            return code
+        got = session.granted
+        assert got is not None
         self.say(
             f"inside lease {got.lease} ({env.get('HOLD_DEVICES')}) until "
             f"{time.strftime('%H:%M:%S', time.localtime(got.expires))}"
@@ -337,58 +329,44 @@ class StackRun:
     # Hooks called by the stack -----------------------------------------------
 
     def _end_lease(self) -> None:
-        """The lease is over before ``hold down`` is answered (and when ``hold up`` returns)."""
-        if self.leased and self.client is not None:
-            self.leased = False
-            self.client.end()
+        """The lease is over before ``hold down`` is answered (once: see LeaseSession.end)."""
+        if self.session is not None:
+            self.session.end()
 
     def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
-        from hold.client.connection import DaemonUnreachable
-        from hold.protocol import ProtocolError
+        from hold.client.session import DaemonLost
         from hold_supervisor.stack.stack import StackError
 
-        client = self.client
-        if client is None:
+        session = self.session
+        if session is None or not session.guarded:
             return
         try:
             # The unit's own grace: the daemon gives it when it stops the tree for us.
             grace = self.spec.units[unit].stop.grace
-            ans = client.request_renewing(
-                {
-                    "op": "tree",
-                    "tree_id": tree_id,
-                    "leaf": leaf.path if leaf else None,
-                    "grace": grace,
-                }
+            ans = session.register(
+                {"tree_id": tree_id, "leaf": leaf.path if leaf else None, "grace": grace}
             )
-        except (OSError, TimeoutError, DaemonUnreachable, ProtocolError) as e:
+        except DaemonLost as e:
             raise StackError(
                 [f"lost the ticket daemon while registering {unit}: {e}"], TOOL
             ) from None
-        if ans.get("ev") != "ok":
+        if ans.get("ev") != Ev.OK:
             msg = f"the daemon refused to guard unit {unit}: {ans.get('error')}"
             if self.spec.hold is not None:
                 raise StackError([msg], TOOL)
             self.say(f"warning: {msg}")
 
     def _on_started(self, unit: str, tree: Tree) -> None:
-        client = self.client
-        if client is None or tree.root is None:
-            return
-        with self.send_lock:  # called from several start threads at once
-            try:
-                client.send({"op": "root", "tree_id": tree.tree_id, "pid": tree.root.pid})
-            except OSError:
-                pass
+        # Called from several start threads at once: tell_root sends under a lock.
+        if self.session is not None and tree.root is not None:
+            self.session.tell_root(tree.tree_id, tree.root.pid)
 
     def _on_daemon(self, fd: int) -> Cause | None:
-        from hold.client.lease import daemon_event
         from hold_supervisor.cause import Cause
 
-        assert self.client is not None
-        ev = daemon_event(self.client, self.say)
-        if ev is None:
+        assert self.session is not None
+        cause = self.session.event()
+        if cause is None:
             return None
-        kind, detail = ev
-        code = {"expired": EXPIRED, "released": RELEASED}.get(kind, TOOL)
-        return Cause(kind, detail, code)
+        code = {"expired": EXPIRED, "released": RELEASED}.get(cause.kind, TOOL)
+        return Cause(cause.kind, cause.detail, code)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from hold.protocol import Ev, Op
 from hold_supervisor.exitcodes import BUSY, TOOL
 from hold_supervisor.parse import format_duration, format_until, format_when, time_left
 
@@ -83,7 +84,7 @@ def acquire_lease(
     # caller can use are asked for; the daemon grants from those alone.
     allowed = usable_indices(klass, os.environ) if klass is not None else None
     ask = {
-        "op": "acquire",
+        "op": Op.ACQUIRE,
         "cls": cls,
         "indices": indices,
         "count": count,
@@ -191,7 +192,7 @@ class _Line:
                 if not self._ask_a_new_daemon():
                     return TOOL
                 continue
-            if msg.get("ev") == "granted":
+            if msg.get("ev") == Ev.GRANTED:
                 return self._granted(msg, sd, klass, env)
             code = self._on_message(msg)
             if code is not None:
@@ -258,16 +259,16 @@ class _Line:
     def _on_message(self, msg: Message) -> int | None:
         """A message other than the grant: an exit status if it ends the wait."""
         ev = msg.get("ev")
-        if ev == "queued":
+        if ev == Ev.QUEUED:
             self.latest = msg
             if time.monotonic() - self.start >= 1.0:
                 self._show(msg)
-        elif ev == "busy":
+        elif ev == Ev.BUSY:
             self.say(describe_wait(self.cls, msg, busy=True))
             return BUSY
-        elif ev == "warning":
+        elif ev == Ev.WARNING:
             self.say("warning: granted although " + describe_wait(self.cls, msg, busy=True))
-        elif ev == "error":
+        elif ev == Ev.ERROR:
             self.say(str(msg.get("error")))
             return int(msg.get("code", TOOL))
         return None
@@ -312,14 +313,14 @@ def daemon_event(client: Client, say: Callable[[str], None]) -> tuple[str, str] 
             ans = client.reattach()
         except (DaemonUnreachable, OSError, TimeoutError) as e:
             return ("lost", f"lost the ticket daemon and could not re-attach: {e}")
-        if ans.get("ev") != "attached":
+        if ans.get("ev") != Ev.ATTACHED:
             return ("lost", f"the daemon no longer knows this lease: {ans.get('error')}")
         say("re-attached to a restarted ticket daemon")
         msgs = [ans]
     for msg in msgs:
-        if msg.get("ev") == "expired":
+        if msg.get("ev") == Ev.EXPIRED:
             return ("expired", "the lease's time limit was reached")
-        if msg.get("ev") == "released":
+        if msg.get("ev") == Ev.RELEASED:
             return ("released", f"lease released by {msg.get('by')}")
     return None
 
