@@ -279,7 +279,13 @@ def test_interactive_shell_keeps_the_terminal_and_ctrl_c(tmp_path: Path, cgroup_
         m = term.expect(r"FG (\d+) (\d+) (\d+) (\d+)$")
         shell_pid, hold_pid, pgrp, tpgid = map(int, m.groups())
         assert pgrp == shell_pid == tpgid
-        assert _stat_fields(hold_pid)[1] == str(proc.pid)  # hold run is sh's child...
+        parent = int(_stat_fields(hold_pid)[1])
+        if cgroup_mode == "walk":  # hold run went on below its keeper, sh's child
+            assert Path(f"/proc/{parent}/comm").read_text().strip() == "hold-keeper"
+            assert int(_stat_fields(parent)[1]) == proc.pid
+            assert int(_stat_fields(parent)[2]) == proc.pid  # the keeper in sh's group too
+        else:
+            assert parent == proc.pid  # hold run is sh's child...
         assert int(_stat_fields(hold_pid)[2]) == proc.pid != pgrp  # ...in sh's group
         assert "no job control" not in term.text and "process group" not in term.text
 

@@ -33,6 +33,7 @@ import pytest
 from conftest import HOLD, PROGS, alive, wait_for
 
 from hold_supervisor.parse import allowed_cpus
+from hold_supervisor.proc import scan
 from hold_supervisor.stack.controlsock import NoAnswer, request
 
 PY = sys.executable
@@ -122,6 +123,9 @@ def stuck_stack(path: Path) -> Iterator[int]:
     res, _ = hold("up", "--detach", str(path))
     assert res.returncode == 0, res.stderr
     pid = supervisor()
+    parent = scan.stat_of(pid)
+    # Walk mode: the keeper above the supervisor (hold_supervisor.spawn.keeper) ends last.
+    keeper = parent.ppid if parent is not None and parent.comm == "hold-keeper" else None
     unit_pids(path.parent)  # every service recorded its pid
     wait_for(lambda: "worker-escapee" in unit_pids(path.parent), 10, what="the escapee")
     os.kill(pid, signal.SIGSTOP)
@@ -137,6 +141,8 @@ def stuck_stack(path: Path) -> Iterator[int]:
                     os.kill(pid, signal.SIGKILL)
         every = list(unit_pids(path.parent).values()) + call_pids(path.parent)
         wait_for(lambda: not any(alive(p) for p in every), 30, what="every unit to end")
+        if keeper is not None:
+            wait_for(lambda: not alive(keeper), 15, what="the keeper to end")
 
 
 def assert_no_traceback(res: subprocess.CompletedProcess[str]) -> None:

@@ -313,6 +313,7 @@ class Run:
         """The leaf, the tree registered, the command run and stopped; its exit status."""
         from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.spawn.child import SpawnError
+        from hold_supervisor.spawn.keeper import split
 
         session = self.session
         assert session is not None
@@ -325,7 +326,10 @@ class Run:
                 return exitcodes.USAGE
             fg.hierarchy = None
             leaf = fg.prepare()
-        if self.args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
+        if leaf is None and not split(grace=self.args.grace):
+            # A keeper above us ends the tree if we are SIGKILLed (hold_supervisor.spawn.keeper).
+            self.say("warning: no keeper (threads are running): " + fg.walk_note(self.cgroups))
+        elif self.args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
             self.say(fg.walk_note(self.cgroups))
         with fg.until_run():  # the leaf goes, whatever happens, if the command never runs
             try:

@@ -221,6 +221,7 @@ class StackRun:
             say(text)
 
     def execute(self) -> int:
+        from hold.client.session import LeaseSession
         from hold_supervisor.proc.cgroup import CgroupUnavailable, hierarchy_for
         from hold_supervisor.stack.display import Display
         from hold_supervisor.stack.stack import Stack, StackError
@@ -231,39 +232,9 @@ class StackRun:
         except CgroupUnavailable as e:
             self.say(f"cgroups: required, but {e}")
             return USAGE
-        display = Display(write=self.status.write, live=False) if self.status else Display()
-        stack = Stack(
-            spec,
-            run_dir=run_dir_of(self.sd, spec.name),
-            hierarchy=hierarchy,
-            environ=os.environ,
-            display=display,
-            on_tree_prepared=self._on_tree_prepared,
-            on_started=self._on_started,
-            run_for=self.run_for,
-            on_ready=self.status.ready if self.status else None,
-            on_stopped=self._end_lease,  # before hold down is answered
-            # Detached, the file as the command named it, from where it was named.
-            source=os.path.abspath(spec.path) if self.status else "",
-        )
-        try:
-            stack.prepare()  # refusals (name taken, port taken...) before waiting for a device
-        except StackError as e:
-            for line in e.errors:
-                self.say(line)
-            return e.code
-
-        with stack.until_run():  # its lock and logs let go on every way out, unless it ran
-            return self._run(stack)
-
-    def _run(self, stack: Stack) -> int:
-        """The daemon, the ticket, then the stack itself."""
-        from hold.client.session import LeaseSession
-        from hold_supervisor.stack.stack import StackError
-
-        spec = self.spec
         # The daemon before the stack starts: if we have to start one, it must
-        # not become our child while we are a subreaper (the stack may make us one).
+        # not become our child while we are a subreaper (the stack may make us
+        # one), nor the keeper's.
         session = LeaseSession.open(
             self.sd,
             self.say,
@@ -277,25 +248,71 @@ class StackRun:
             return session
         self.session = session
         try:
-            env: dict[str, str] = {}
-            if spec.hold is not None:
-                code = self._acquire(session, env)
-                if code is not None:
-                    return code
-            if session.guarded:
-                stack.extra[session.fileno()] = self._on_daemon
+            if hierarchy is None:
+                # Before the stack records who supervises it (its lock, its
+                # start time): from here on, that is the launcher.
+                self._split_keeper()
+            display = Display(write=self.status.write, live=False) if self.status else Display()
+            stack = Stack(
+                spec,
+                run_dir=run_dir_of(self.sd, spec.name),
+                hierarchy=hierarchy,
+                environ=os.environ,
+                display=display,
+                on_tree_prepared=self._on_tree_prepared,
+                on_started=self._on_started,
+                run_for=self.run_for,
+                on_ready=self.status.ready if self.status else None,
+                on_stopped=self._end_lease,  # before hold down is answered
+                # Detached, the file as the command named it, from where it was named.
+                source=os.path.abspath(spec.path) if self.status else "",
+            )
             try:
-                result = stack.run(extra_env=env)
+                stack.prepare()  # refusals (name taken, port taken...) before waiting for a device
             except StackError as e:
                 for line in e.errors:
                     self.say(line)
                 return e.code
-            return result.code
+            with stack.until_run():  # its lock and logs let go on every way out, unless it ran
+                return self._run(stack, session)
         finally:
             session.end()  # if the stack did not (it never ran)
             session.close()
             if self.status is not None:
                 self.status.close()  # the starter reads its end of file: not ready
+
+    def _run(self, stack: Stack, session: LeaseSession) -> int:
+        """The ticket, then the stack itself."""
+        from hold_supervisor.stack.stack import StackError
+
+        env: dict[str, str] = {}
+        if self.spec.hold is not None:
+            code = self._acquire(session, env)
+            if code is not None:
+                return code
+        if session.guarded:
+            stack.extra[session.fileno()] = self._on_daemon
+        try:
+            result = stack.run(extra_env=env)
+        except StackError as e:
+            for line in e.errors:
+                self.say(line)
+            return e.code
+        return result.code
+
+    def _split_keeper(self) -> None:
+        """Without cgroups: a keeper above us ends the units' trees if we are
+        SIGKILLed (:mod:`hold_supervisor.spawn.keeper`). After the daemon is
+        reached (one we start must not be re-parented to the keeper), before the
+        first unit's spawn and the first thread."""
+        from hold_supervisor.spawn.keeper import split
+
+        grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
+        if not split(grace=grace):
+            self.say(
+                "warning: threads are running, no keeper: an escapee that clears "
+                "HOLD_TREE outlives a SIGKILL of this process"
+            )
 
     def _acquire(self, session: LeaseSession, env: dict[str, str]) -> int | None:
         from hold.client.lease import DEFAULT_TTL

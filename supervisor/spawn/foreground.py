@@ -130,10 +130,10 @@ class Foreground:
             except cg.CgroupUnavailable as e:
                 why = str(e)
         return (
-            f"no cgroup for this command ({why}): its tree is found by walking /proc, "
-            "which cannot follow a descendant that leaves the session, clears HOLD_TREE and "
-            "outlives this process -- if this process is killed, such a descendant is not "
-            "stopped (see 'How a tree is stopped' in the README)"
+            f"no cgroup for this command ({why}): its tree is found by walking /proc; a "
+            "descendant that leaves the session and clears HOLD_TREE is found through the "
+            "subreapers it is re-parented to -- this process, and a keeper above it that ends "
+            "the tree if this process is killed (see 'How a tree is stopped' in the README)"
         )
 
     def discard(self) -> None:
