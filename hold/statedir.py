@@ -34,6 +34,22 @@ class StateDir:
         """Held (flock) by the one live daemon for its whole life."""
         return os.path.join(self.path, "daemon.lock")
 
+    def daemon_pid(self) -> int | None:
+        """The pid its daemon wrote in :attr:`lock`; None if none is there. Never
+        through a link, never waiting (a FIFO planted there): anyone who may
+        write the directory may write this, so it names, it does not prove."""
+        try:
+            fd = os.open(self.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return int(text) if text.isdigit() else None
+
     @property
     def start_lock(self) -> str:
         """Held by the one client that is starting a daemon."""

@@ -438,6 +438,21 @@ def procscan_cmd(pid: int) -> str:
 # Helpers for real commands.
 
 
+def launcher_of(pid: int) -> int:
+    """The process that runs a command for ``pid`` (a ``hold run``, ``npu-hold`` or
+    ``hold up`` the test started): ``pid`` itself, or in walk mode the launcher
+    that went on below it when ``pid`` stayed behind as its keeper
+    (``hold_supervisor.spawn.keeper``)."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return pid
+    if comm != "hold-keeper":
+        return pid
+    (child,) = [st.pid for st in scan.snapshot().values() if st.ppid == pid and not st.is_dead]
+    return child
+
+
 def hold_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)

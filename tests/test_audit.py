@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, PROGS, alive, as_user, unpriv_python, update_config, wait_for
+from conftest import (
+    HOLD,
+    PROGS,
+    alive,
+    as_user,
+    launcher_of,
+    unpriv_python,
+    update_config,
+    wait_for,
+)
 
 from hold.daemon.tokens import read_record
 from hold_supervisor.proc import scan
@@ -290,9 +299,12 @@ def test_covered_holders_direct_and_setsid_escapee(
         assert scan.ancestors(escapee["holder"])[0].pid == os.getpid()
         assert r1["why"] == "in the lease's cgroup"
     else:
-        # Without a cgroup the client is a child subreaper: the escapee is its child.
+        # Without a cgroup the client is a child subreaper: the escapee is its
+        # child. (The lease names the keeper, the pid its command line started:
+        # the client went on below it, hold_supervisor.spawn.keeper.)
         assert not lease1.get("leaves")
-        assert esc.ppid == lease1["holder_pid"]
+        assert esc.ppid == launcher_of(lease1["holder_pid"])
+        assert scan.stat_of(esc.ppid).ppid == lease1["holder_pid"]  # type: ignore[union-attr]
         assert r1["why"] == f"descends from holder pid {lease1['holder_pid']}"
 
     table = audit("--device", "fake")

@@ -255,7 +255,7 @@ def test_without_a_cgroup_hold_run_v_says_once_what_the_walk_cannot_follow(
     assert res.stderr.count(NOTE) == 1, res.stderr
     line = next(ln for ln in res.stderr.splitlines() if NOTE in ln)
     assert "not writable by this user" in line and "via walk" in res.stderr, res.stderr
-    for words in ("leaves the session", "clears HOLD_TREE", "outlives"):
+    for words in ("leaves the session", "clears HOLD_TREE", "a keeper above it"):
         assert words in line, line
     # Without -v: nothing of it.
     res = subprocess.run(

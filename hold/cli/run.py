@@ -326,7 +326,7 @@ class Run:
                 return exitcodes.USAGE
             fg.hierarchy = None
             leaf = fg.prepare()
-        if leaf is None and not split(grace=self.args.grace):
+        if leaf is None and not split(grace=self.args.grace, spare=self._daemon):
             # A keeper above us ends the tree if we are SIGKILLed (hold_supervisor.spawn.keeper).
             self.say("warning: no keeper (threads are running): " + fg.walk_note(self.cgroups))
         elif self.args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
@@ -348,6 +348,12 @@ class Run:
                 session.end(timeout=self.args.grace + END_MARGIN)
                 session.close()
         return self._outcome(result)
+
+    def _daemon(self) -> set[int]:
+        """The ticket daemon, which the keeper leaves alone (one we start by
+        re-attaching is re-parented to it)."""
+        pid = self.setup.sd.daemon_pid()
+        return {pid} if pid is not None else set()
 
     def _register(self, session: LeaseSession, tree: dict[str, object]) -> bool:
         """The tree made known to the daemon (its guardian); False if the daemon is lost."""

@@ -308,7 +308,8 @@ class StackRun:
         from hold_supervisor.spawn.keeper import split
 
         grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
-        if not split(grace=grace):
+        pid = self.sd.daemon_pid  # the keeper leaves the ticket daemon alone
+        if not split(grace=grace, spare=lambda: {p} if (p := pid()) is not None else set()):
             self.say(
                 "warning: threads are running, no keeper: an escapee that clears "
                 "HOLD_TREE outlives a SIGKILL of this process"

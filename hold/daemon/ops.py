@@ -118,7 +118,7 @@ class Ops:
         if (
             s is None
             or sid in self.endings.ending
-            or (s.owner_pid, s.owner_start) != (conn.peer.pid, conn.peer.starttime)
+            or not _owned_by(s, conn)
             or sid in self.st.attached
         ):
             refuse(conn, f"no session {sid} to re-attach", TOOL)
@@ -442,3 +442,26 @@ class Ops:
         live |= {cls for cls, q in g.queues.items() if q}
         live |= {c for c, _ in (*g.verifying, *g.blocked, *g.elsewhere)}
         return live
+
+
+def _owned_by(s: SessionRec, conn: Conn) -> bool:
+    """Whether the peer of ``conn`` may take session ``s`` back: its owner, or the
+    owner's own child of the same user. The second is a launcher that went on
+    below its keeper (``hold_supervisor.spawn.keeper``): it opened the session
+    before the split, so the session names the keeper, the process the shell
+    started, which is alive as long as the launcher is."""
+    peer = conn.peer
+    if (s.owner_pid, s.owner_start) == (peer.pid, peer.starttime):
+        return True
+    if conn.uid != s.uid:
+        return False
+    child = scan.stat_of(peer.pid)
+    owner = scan.stat_of(s.owner_pid)
+    return (
+        child is not None
+        and owner is not None
+        and child.starttime == peer.starttime
+        and child.ppid == s.owner_pid
+        and owner.starttime == s.owner_start
+        and not owner.is_dead
+    )

@@ -39,6 +39,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from hold_supervisor.proc import scan
 from hold_supervisor.proc.reaper import become_subreaper, is_subreaper
@@ -51,11 +52,14 @@ KILL_WAIT = 5.0  # after SIGKILL, how long the keeper waits for its descendants 
 LOOK = 0.02  # between looks at what is left while ending them
 
 
-def split(grace: float) -> bool:
+def split(grace: float, spare: Callable[[], set[int]] = set) -> bool:
     """Split off a keeper (this process stays it, and never returns); True in
     the launcher, which goes on. False, and nothing done, where this process
     has more than one thread. ``grace``: between TERM and KILL when the keeper
-    ends what its launcher left."""
+    ends what its launcher left. ``spare``: asked then, the pids the keeper
+    must leave alone with all below them, though they came to it (a ticket
+    daemon the launcher started while the keeper was a subreaper: it detaches
+    by a double fork, and is re-parented here)."""
     if threading.active_count() > 1:
         return False
     keeper = os.getpid()
@@ -72,12 +76,12 @@ def split(grace: float) -> bool:
             os.kill(os.getpid(), signal.SIGTERM)
         return True
     try:
-        _keep(pid, grace)
+        _keep(pid, grace, spare)
     finally:
         os._exit(125)  # never back into the caller's code (its finalisers are the launcher's)
 
 
-def _keep(launcher: int, grace: float) -> None:
+def _keep(launcher: int, grace: float, spare: Callable[[], set[int]]) -> None:
     signal.set_wakeup_fd(-1)  # the launcher's wakeup pipe, about to be closed here
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.closerange(3, _fd_limit())
@@ -94,9 +98,9 @@ def _keep(launcher: int, grace: float) -> None:
         signal.signal(signum, forward)
     status = _wait_launcher(launcher)
     if os.WIFSIGNALED(status):
-        _end_descendants(grace)
+        _end_descendants(grace, spare)
         os._exit(128 + os.WTERMSIG(status))
-    _end_descendants(0.0)
+    _end_descendants(0.0, spare)
     os._exit(os.waitstatus_to_exitcode(status))
 
 
@@ -130,7 +134,7 @@ def _job_in_foreground() -> bool:
         return False
 
 
-def _end_descendants(grace: float) -> None:
+def _end_descendants(grace: float, spare: Callable[[], set[int]]) -> None:
     """Every process below the keeper ended: TERM, ``grace``, then KILL; reaped.
 
     One it may not signal (a setuid program of another user) is left alone: the
@@ -143,7 +147,9 @@ def _end_descendants(grace: float) -> None:
     cannot: set[int] = set()
     give_up = deadline + KILL_WAIT
     while _reap() and time.monotonic() < give_up:
-        below = scan.descendants([me], scan.snapshot()) - cannot
+        procs = scan.snapshot()
+        spared = {p for p in spare() if p in procs}
+        below = scan.descendants([me], procs) - spared - scan.descendants(spared, procs) - cannot
         if not below:
             return
         if signum == signal.SIGTERM and time.monotonic() >= deadline:
