@@ -11,8 +11,10 @@ into a temporary directory; both versions run through the same harness
 version, bytecode compiled first, a node-backed class, each version with its
 own daemon and state directory):
 
-* **start-up**: ``npu-hold -- true`` and ``hold run -- true`` (no
-  configuration file) beside ``python3 -c pass``, interleaved round-robin;
+* **start-up**: ``npu-hold -- true``, ``hold run -- true`` (no
+  configuration file) and ``hold run -- true`` with ``cgroups: off`` (walk
+  mode: the keeper's fork, issue 23) beside ``python3 -c pass``, interleaved
+  round-robin;
 * **the loop**: ``--workers`` (20) shell loops of ``--per-worker`` (15)
   ``npu-hold -- true`` each, ``--rounds`` times per version, alternating;
   acquisitions per second, failed commands, and the daemon's handoff (from a
@@ -66,11 +68,14 @@ def checkout(rev: str, into: Path) -> Path:
     return into
 
 
-def version_env(code: Path, state: Path, config: bool) -> dict[str, str]:
+def version_env(code: Path, state: Path, config: bool, walk: bool = False) -> dict[str, str]:
+    """Environment of one version: its code, its own state; ``config``: a file with a
+    node-backed ``npu`` class; ``walk``: and ``cgroups: off`` (no leaf: the keeper)."""
     state.mkdir(parents=True, exist_ok=True)
     (state / "npudev0").touch()
     cfg = state / "cfg.yaml"
-    cfg.write_text(f'devices:\n  npu:\n    nodes: ["{state}/npudev*"]\n')
+    walk_line = "cgroups: off\n" if walk else ""
+    cfg.write_text(f'{walk_line}devices:\n  npu:\n    nodes: ["{state}/npudev*"]\n')
     env = dict(
         os.environ,
         PYTHONPATH=str(code),
@@ -92,6 +97,11 @@ def start_ups(codes: dict[str, Path], work: Path, runs: int) -> dict[str, list[f
         cmds[f"npu-hold -- true ({name})"] = (
             [sys.executable, "-c", NPU.format(entry=entry_module(code)), "--", "true"],
             version_env(code, work / f"s-{name}", True),
+            code,
+        )
+        cmds[f"hold run -- true, walk ({name})"] = (
+            [sys.executable, "-c", RUN.format(entry=entry_module(code)), "run", "--", "true"],
+            version_env(code, work / f"w-{name}", True, walk=True),
             code,
         )
         cmds[f"hold run -- true ({name})"] = (

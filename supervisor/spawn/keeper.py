@@ -41,7 +41,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from hold_supervisor.proc import scan
 from hold_supervisor.proc.reaper import become_subreaper, is_subreaper
 
 PR_SET_NAME = 15
@@ -140,6 +139,11 @@ def _end_descendants(grace: float, spare: Callable[[], set[int]]) -> None:
     One it may not signal (a setuid program of another user) is left alone: the
     launcher's survivor check named it already, or cannot have, and waiting
     would not change it."""
+    if not _reap():
+        return  # no child, so nothing below: the usual end, no look at /proc
+    # Imported here, by the keeper only: off the launcher's start-up (a benchmark).
+    from hold_supervisor.proc import scan
+
     me = os.getpid()
     deadline = time.monotonic() + grace
     signum = signal.SIGTERM if grace > 0 else signal.SIGKILL
