@@ -5,10 +5,13 @@ unprivileged users, and the leak check that fails any test leaving a process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import pwd
 import random
+import re
+import select
 import shutil
 import signal
 import stat
@@ -612,3 +615,47 @@ def as_user(user: str, argv: list[str], runtime: Path, env: dict[str, str]) -> l
         *[f"{k}={v}" for k, v in full.items()],
         *argv,
     ]
+
+
+# --------------------------------------------------------------------------
+# A terminal, for tests of what a person at one sees.
+
+
+class Pty:
+    """The master side of a pty, read with deadlines (never a bare blocking read)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.text = ""  # everything read, for messages
+        self._pending = ""
+        os.set_blocking(fd, False)
+
+    def write(self, data: str) -> None:
+        os.write(self.fd, data.encode())
+
+    def expect(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
+        """Wait for ``pattern`` (multiline) in what was read since the last match."""
+        rx = re.compile(pattern, re.M)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = rx.search(self._pending)
+            if m:
+                self._pending = self._pending[m.end() :]
+                return m
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {pattern!r} within {timeout}s; terminal:\n{self.text}")
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    chunk = os.read(self.fd, 4096).decode(errors="replace")
+                except BlockingIOError:
+                    continue
+                except OSError as e:  # EIO: every slave side is closed
+                    if e.errno != errno.EIO:
+                        raise
+                    chunk = ""
+                if not chunk:
+                    raise AssertionError(f"terminal closed before {pattern!r}:\n{self.text}")
+                chunk = chunk.replace("\r", "")
+                self.text += chunk
+                self._pending += chunk

@@ -11,14 +11,18 @@ grace.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, PROGS, alive, update_config, wait_for
+from conftest import HOLD, PROGS, Pty, alive, update_config, wait_for
 
 from hold_supervisor.proc import scan
 
@@ -124,3 +128,69 @@ def test_sigkill_of_hold_up_leaves_nothing(tmp_path: Path, victim: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_ctrl_z_stops_the_job_and_fg_continues_it(tmp_path: Path) -> None:
+    """Job control through the keeper: an interactive bash runs ``hold run --
+    sleep 30`` (walk mode, so hold run is the launcher below a keeper, and the
+    command has the terminal). Ctrl-Z stops the command; the launcher stops
+    itself and the keeper mirrors it, so bash sees the job stopped; ``fg``
+    continues all three; Ctrl-C ends the command, and the job's status is 130."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    master, slave = os.openpty()
+
+    def take_terminal() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    shell = subprocess.Popen(
+        [bash, "--norc", "--noprofile", "--noediting", "-i"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "dumb", "PS1": "$ "},
+        start_new_session=True,
+        preexec_fn=take_terminal,
+    )
+    os.close(slave)
+    term = Pty(master)
+    try:
+        term.write(f"{shlex.join([*HOLD, 'run', '--grace', '1s', '--', 'sleep', '30'])}\n")
+
+        def sleeping() -> int | None:
+            for st in scan.snapshot().values():
+                if st.comm == "sleep" and st.session == shell.pid and not st.is_dead:
+                    return st.pid
+            return None
+
+        sleep_pid = wait_for(sleeping, 20, what="sleep 30 under hold run")
+        launcher = scan.stat_of(sleep_pid).ppid  # type: ignore[union-attr]
+        keeper = scan.stat_of(launcher).ppid  # type: ignore[union-attr]
+        assert _comm(keeper) == "hold-keeper"
+
+        term.write("\x1a")  # Ctrl-Z
+        term.expect(r"Stopped")
+        for pid in (sleep_pid, launcher, keeper):
+            assert scan.stat_of(pid).state == "T", pid  # type: ignore[union-attr]
+
+        term.write("fg\n")
+        wait_for(
+            lambda: all(scan.stat_of(p).state != "T" for p in (sleep_pid, launcher, keeper)),  # type: ignore[union-attr]
+            10,
+            what="fg to continue the job",
+        )
+        term.write("\x03")  # Ctrl-C: the command's, as it has the terminal again
+        wait_for(lambda: not alive(sleep_pid), 10, what="Ctrl-C to end sleep 30")
+        term.write('echo "R""C=$?"\n')
+        term.expect(r"RC=130$")
+        assert not alive(launcher) and not alive(keeper)
+        term.write("exit\n")
+        assert shell.wait(10) == 0
+    finally:
+        if shell.poll() is None:
+            for st in scan.snapshot().values():
+                if st.session == shell.pid and not st.is_dead:
+                    os.kill(st.pid, signal.SIGKILL)
+            shell.wait(10)
+        os.close(master)

@@ -7,13 +7,11 @@ is free (and the autouse leak check adds that no descendant of pytest is left).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import functools
 import os
 import pwd
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -25,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, PROGS, alive, as_user, unpriv_python, wait_for
+from conftest import HOLD, PROGS, Pty, alive, as_user, unpriv_python, wait_for
 
 from hold_supervisor.proc import scan
 
@@ -198,46 +196,6 @@ def test_signal_to_hold_run_is_forwarded_then_tree_stopped(
 
 # --------------------------------------------------------------------------
 # An interactive shell under hold run, in a real terminal.
-
-
-class Pty:
-    """The master side of a pty, read with deadlines (never a bare blocking read)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.text = ""  # everything read, for messages
-        self._pending = ""
-        os.set_blocking(fd, False)
-
-    def write(self, data: str) -> None:
-        os.write(self.fd, data.encode())
-
-    def expect(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
-        """Wait for ``pattern`` (multiline) in what was read since the last match."""
-        rx = re.compile(pattern, re.M)
-        deadline = time.monotonic() + timeout
-        while True:
-            m = rx.search(self._pending)
-            if m:
-                self._pending = self._pending[m.end() :]
-                return m
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {pattern!r} within {timeout}s; terminal:\n{self.text}")
-            if select.select([self.fd], [], [], left)[0]:
-                try:
-                    chunk = os.read(self.fd, 4096).decode(errors="replace")
-                except BlockingIOError:
-                    continue
-                except OSError as e:  # EIO: every slave side is closed
-                    if e.errno != errno.EIO:
-                        raise
-                    chunk = ""
-                if not chunk:
-                    raise AssertionError(f"terminal closed before {pattern!r}:\n{self.text}")
-                chunk = chunk.replace("\r", "")
-                self.text += chunk
-                self._pending += chunk
 
 
 def _stat_fields(pid: int) -> list[str]:
