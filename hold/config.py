@@ -12,6 +12,7 @@ line, never silently ignored.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, NamedTuple
 
 from hold_supervisor.parse import BadValue, did_you_mean
@@ -70,10 +71,20 @@ def fingerprint(path: str | None) -> str:
     except ImportError:  # an interpreter built without it
         from hashlib import sha256
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO named as the configuration must not block start-up
+        # (parse_file then refuses it with a message).
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return "unreadable"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "unreadable"
+        with os.fdopen(fd, "rb", closefd=False) as f:
             return str(sha256(f.read()).hexdigest()[:16])
     except OSError:
         return "unreadable"
+    finally:
+        os.close(fd)
 
 
 def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 from hold_supervisor.environ import check_name
 from hold_supervisor.parse import BadValue
@@ -24,14 +25,18 @@ _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "$": "$"}
 def read(path: str, shown: str) -> tuple[dict[str, str], list[str]]:
     """The variables in ``path`` and the problems found (``shown:LINE: ...``, one each).
 
-    ``path`` is opened without following a symlink in its last part; a file
-    over 1 MiB, or not valid UTF-8, is one problem.
+    ``path`` is opened without following a symlink in its last part; anything
+    but a regular file (a FIFO, a device), a file over 1 MiB, or not valid
+    UTF-8, is one problem.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO named here would block the open until a writer came.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         return {}, [f"{shown}: cannot read the env_file: {e.strerror}"]
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}, [f"{shown}: the env_file is not a regular file"]
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         return {}, [f"{shown}: the env_file is over {MAX_BYTES} bytes"]
