@@ -143,6 +143,15 @@ def test_help_fits_80_columns(prog: str) -> None:
     assert res.stdout.startswith(f"Usage: {prog} [OPTIONS] -- COMMAND [ARG...]\n")
 
 
+def test_a_lease_shorter_than_the_start_says_the_limit_given() -> None:
+    """``npu-hold -t 1ms``: the lease is over before the command starts; what is
+    said is the limit given, not what was left of it (once a negative number)."""
+    res = run([*PROGS["npu-hold"], "-t", "1ms", "--", "sleep", "5"])
+    assert res.returncode == 124, res.stderr
+    assert "lease expired (its time limit of 1ms reached); stopped" in res.stderr, res.stderr
+    assert "-0." not in res.stderr and "{" not in res.stderr, res.stderr
+
+
 def test_compound_duration_for_real() -> None:
     """``-t 0m1.5s``: read as 1.5 s; the command is stopped at it (124)."""
     res = run([*PROGS["hold run"], "-t", "0m1.5s", "--grace", "0s500ms", "--", "sleep", "30"])

@@ -38,7 +38,7 @@ from hold.client.session import DaemonLost, LeaseSession
 from hold.config import CGROUP_MODES
 from hold.protocol import Ev
 from hold_supervisor import exitcodes
-from hold_supervisor.parse import BadValue
+from hold_supervisor.parse import BadValue, format_duration
 
 if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.client.connection import Client
@@ -363,7 +363,7 @@ class Run:
             self.say(f"lost the ticket daemon: {e}")
             return False
         if ans.get("ev") != Ev.OK:
-            self.say(f"warning: the daemon refused to guard this command: {ans}")
+            self.say(f"warning: the daemon refused to guard this command: {ans.get('error')}")
         return True
 
     def _on_started(self, tree_id: str) -> Callable[[Tree], None]:
@@ -384,8 +384,11 @@ class Run:
             self.say(report.summary())
         kind = result.cause.kind
         if kind == "expired":
+            # The limit as given (-t, or a lease's default), not what was left of it at
+            # the spawn: that can be a fraction of a millisecond, or below zero.
+            limit = self.args.time if self.spec is None else (self.args.time or DEFAULT_TTL)
             what = "lease" if self.spec is not None else "time limit"
-            self.say(f"{what} expired ({result.cause.detail}); stopped")
+            self.say(f"{what} expired (its time limit of {_duration(limit)} reached); stopped")
         elif kind in ("released", "lost"):
             self.say(result.cause.detail)
         if kind == "lost" and not report.survivors:
@@ -429,3 +432,12 @@ class Run:
         """A message from the daemon while the command runs: expiry, release, or its loss."""
         assert self.session is not None
         return self.session.event()
+
+
+def _duration(seconds: float | None) -> str:
+    """A time limit as a person gave it: ``500ms``, ``2s``, ``1.5s``, then ``5m07s``..."""
+    if seconds is not None and seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds is not None and seconds < 60:
+        return f"{seconds:g}s"
+    return format_duration(seconds)
