@@ -21,6 +21,7 @@ from hold_supervisor.exitcodes import BUSY, OK, SURVIVORS, UNIT_FAILED, USAGE
 from hold_supervisor.proc.stop import stop_tree
 from hold_supervisor.spawn.child import owned_pids
 from hold_supervisor.stack.controlsock import Message, Reply
+from hold_supervisor.stack.eventtypes import OnMain, Outcome, Result
 from hold_supervisor.stack.start import launch, start_and_wait
 from hold_supervisor.stack.state import StackState
 from hold_supervisor.stack.units import TaskUnit, Unit, reap
@@ -47,9 +48,9 @@ def on_request(st: StackState, msg: Message, reply: Reply) -> None:
     elif op == "call":
         _serve_call(st, msg, reply)
     elif op == "down":
-        st.post("call", lambda: _down(st, reply))
+        st.post(OnMain(lambda: _down(st, reply)))
     elif op == "restart":
-        st.post("call", lambda: _restart(st, str(msg.get("unit")), reply))
+        st.post(OnMain(lambda: _restart(st, str(msg.get("unit")), reply)))
     else:
         reply.send(
             {"ev": "error", "error": f"unknown op {op!r}; accepted: ps, down, restart, call"},
@@ -268,15 +269,16 @@ def _manual_restart_job(st: StackState, u: Unit, reply: Reply) -> None:
             reap(u.child)
             if report.survivors:
                 why = "survivors after the stop for a restart"
-                st.post("result", u, "failed", SURVIVORS, why)
+                st.post(Result(u, Outcome("failed", SURVIVORS, why)))
                 reply.send({"ev": "error", "code": SURVIVORS, "error": report.summary()}, done=True)
                 return
-        outcome, code, why = start_and_wait(st, u, True)
+        outcome = start_and_wait(st, u, True)
     except BaseException as e:
-        outcome, code, why = "failed", UNIT_FAILED, f"internal error: {e!r}"
-    st.post("result", u, outcome, code, why)
-    if outcome == "ready":
+        outcome = Outcome("failed", UNIT_FAILED, f"internal error: {e!r}")
+    st.post(Result(u, outcome))
+    ending, code, why = outcome
+    if ending == "ready":
         reply.send({"ev": "restarted", "unit": u.name, "pid": u.pid}, done=True)
     else:
-        why = f"{u.name}: {why or outcome}"
+        why = f"{u.name}: {why or ending}"
         reply.send({"ev": "error", "code": code or UNIT_FAILED, "error": why}, done=True)

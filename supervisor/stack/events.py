@@ -2,9 +2,10 @@
 failed, aborted), a ready unit's exit, a cleaned tree; the restart policy; the
 stack coming up; and the first cause to stop it.
 
-Workers post events (:meth:`~hold_supervisor.stack.state.StackState.post`);
-:func:`handle_events` takes them in the main thread, the only one that moves a
-unit's state once its job is over.
+Workers post events (:meth:`~hold_supervisor.stack.state.StackState.post`, one
+class per kind: :mod:`~hold_supervisor.stack.eventtypes`); :func:`handle_events`
+takes them in the main thread, the only one that moves a unit's state once its
+job is over, and dispatches on their class.
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ from hold_supervisor.exitcodes import EXPIRED, NOT_READY, SURVIVORS, UNIT_FAILED
 from hold_supervisor.parse import format_cpus
 from hold_supervisor.proc.stop import StopReport, stop_tree
 from hold_supervisor.spawn.child import owned_pids
+from hold_supervisor.stack.eventtypes import (
+    Alive,
+    Cleaned,
+    OnMain,
+    Outcome,
+    Result,
+    Say,
+    Skipped,
+    Spawned,
+    not_an_event,
+)
 from hold_supervisor.stack.liveness import Liveness, stop_unhealthy
 from hold_supervisor.stack.notify import tell_systemd
 from hold_supervisor.stack.plan import probe_of
@@ -30,40 +42,42 @@ from hold_supervisor.states import UnitState, advance
 
 
 def handle_events(st: StackState) -> None:
-    """Take every event the workers posted."""
+    """Take every event the workers posted; one that is none of
+    :data:`~hold_supervisor.stack.eventtypes.Event` is an error (the stack stops)."""
     while True:
         try:
             ev = st.events.get_nowait()
         except queue.Empty:
             return
-        kind = ev[0]
-        if kind == "say":
-            st.say(ev[1])
-        elif kind == "spawned":
-            u = ev[1]
-            u.spawned_once = True
-            port = f", port {u.port}" if u.port is not None else ""
-            cpus = f", cpus {format_cpus(u.spec.cpus)}" if u.spec.cpus else ""
-            st.say(f"{u.name}: started, pid {u.pid}{port}{cpus}")
-            launch_starts(st)  # what waits for it to be started
-        elif kind == "result":
-            _on_result(st, *ev[1:])
-        elif kind == "skipped":
-            u = ev[1]
-            fail(st, Cause("start", f"unit {u.name} cannot start: {ev[2]}", UNIT_FAILED), u)
-        elif kind == "alive":
-            on_alive(st, *ev[1:])
-        elif kind == "cleaned":
-            _on_cleaned(st, ev[1], ev[2])
-        elif kind == "call":
-            ev[1]()
+        match ev:
+            case Say(text):
+                st.say(text)
+            case Spawned(u):
+                u.spawned_once = True
+                port = f", port {u.port}" if u.port is not None else ""
+                cpus = f", cpus {format_cpus(u.spec.cpus)}" if u.spec.cpus else ""
+                st.say(f"{u.name}: started, pid {u.pid}{port}{cpus}")
+                launch_starts(st)  # what waits for it to be started
+            case Result(u, outcome):
+                _on_result(st, u, outcome)
+            case Skipped(u, why):
+                fail(st, Cause("start", f"unit {u.name} cannot start: {why}", UNIT_FAILED), u)
+            case Alive(u, watcher, answer):
+                on_alive(st, u, watcher, answer)
+            case Cleaned(u, report, delay):
+                _on_cleaned(st, u, report, delay)
+            case OnMain(fn):
+                fn()
+            case _:
+                raise not_an_event(ev)
 
 
-def _on_result(st: StackState, u: Unit, outcome: str, code: int, why: str) -> None:
+def _on_result(st: StackState, u: Unit, outcome: Outcome) -> None:
+    ending, code, why = outcome
     job, u.job = u.job, None
     if job is not None:
         job.join()
-    if outcome == "ready":
+    if ending == "ready":
         advance(u, UnitState.READY)
         u.ready_at = time.monotonic()
         u.detail = why
@@ -72,7 +86,7 @@ def _on_result(st: StackState, u: Unit, outcome: str, code: int, why: str) -> No
         launch_starts(st)
         maybe_up(st)
         return
-    if outcome == "completed":
+    if ending == "completed":
         advance(u, UnitState.COMPLETED)
         reap(u.child)
         u.detail = why
@@ -80,7 +94,7 @@ def _on_result(st: StackState, u: Unit, outcome: str, code: int, why: str) -> No
         launch_starts(st)
         maybe_up(st)
         return
-    if outcome == "aborted":
+    if ending == "aborted":
         # Only the stop aborts a job; a unit that never spawned stays waiting.
         if u.tree is not None:
             advance(u, UnitState.STOPPING)
@@ -244,12 +258,11 @@ def _clean_job(st: StackState, u: Unit, delay: float) -> None:
             report = stop_tree(u.tree, sig=u.spec.stop.signal, grace=u.spec.stop.grace)
         reap(u.child)
     finally:
-        st.post("cleaned", u, (report, delay))
+        st.post(Cleaned(u, report, delay))
 
 
-def _on_cleaned(st: StackState, u: Unit, payload: tuple[StopReport | None, float]) -> None:
+def _on_cleaned(st: StackState, u: Unit, report: StopReport | None, delay: float) -> None:
     """The tree of an ended unit is stopped: its restart is due after the backoff."""
-    report, delay = payload
     job, u.job = u.job, None
     if job is not None:
         job.join()

@@ -3,7 +3,8 @@
 A :class:`Liveness` is a thread per ready unit with ``liveness:``. Every
 ``period`` it asks the probe (the readiness probe kinds, the same engine, so
 an answer is believed only from the unit's own tree) within ``timeout``, and
-posts each answer to the main thread (``"alive"`` events). The main thread
+posts each answer to the main thread (an
+:class:`~hold_supervisor.stack.eventtypes.Alive` event). The main thread
 counts failures in a row; at ``failures`` it stops the unit
 (:func:`stop_unhealthy`), and the unit's exit then goes through its restart
 policy as a failure. The thread ends when told to (:meth:`close`), when the
@@ -17,14 +18,18 @@ import select
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hold_supervisor.proc.identity import NoSuchProcess
 from hold_supervisor.proc.tree import Tree
 from hold_supervisor.spawn.child import Child
+from hold_supervisor.stack.eventtypes import Alive, Event
 from hold_supervisor.stack.readiness import Probe
 
-Post = Callable[..., None]
+if TYPE_CHECKING:
+    from hold_supervisor.stack.units import Unit  # which imports this module
+
+Post = Callable[[Event], None]
 
 
 class Liveness:
@@ -32,7 +37,7 @@ class Liveness:
 
     def __init__(
         self,
-        unit: Any,
+        unit: Unit,
         probe: Probe,
         tree: Tree,
         *,
@@ -56,7 +61,7 @@ class Liveness:
             answer = self.probe.check(self.tree, self.timeout)
             if self._stop.is_set():
                 return
-            self.post("alive", self.unit, self, answer)
+            self.post(Alive(self.unit, self, answer))
 
     def close(self) -> None:
         """Stop checking (bounded: a probe call is bounded by ``timeout``)."""

@@ -1,9 +1,10 @@
 """Starting a service: its job thread spawns it and waits until it is ready.
 
 A job is a worker thread that owns its unit (and reaps its child) until it
-posts its ``result`` to the main thread: ``ready``, ``failed`` (with an exit
-status and why) or ``aborted`` (the stack is stopping). Units start in
-dependency order: each as soon as every unit it comes ``after`` is ready.
+posts its :class:`~hold_supervisor.stack.eventtypes.Result` to the main thread:
+``ready``, ``failed`` (with an exit status and why) or ``aborted`` (the stack is
+stopping). Units start in dependency order: each as soon as every unit it comes
+``after`` is ready.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from hold_supervisor.proc.stop import stop_tree
 from hold_supervisor.proc.tree import Tree
 from hold_supervisor.spawn.child import Child, SpawnError, owned_pids, spawn
 from hold_supervisor.stack import readiness
+from hold_supervisor.stack.eventtypes import Outcome, Result, Say, Skipped, Spawned
 from hold_supervisor.stack.notify import NotifyProbe
 from hold_supervisor.stack.state import StackState
 from hold_supervisor.stack.unitoutput import mark, start_note
 from hold_supervisor.stack.units import Unit, drain, peek_exit, status_text
 from hold_supervisor.states import UnitState, advance
-
-Outcome = tuple[str, int, str]  # ("ready" | "failed" | "aborted", exit status, why)
 
 
 def launch_starts(st: StackState) -> None:
@@ -49,7 +49,7 @@ def launch_starts(st: StackState) -> None:
                 u.detail = why
                 changed = True  # what waits on it may now be skipped too
                 if u.spec.essential:
-                    st.post("skipped", u, why)
+                    st.post(Skipped(u, why))
                 else:
                     st.say(f"{u.name}: not started: {why} (not essential: the stack goes on)")
 
@@ -85,9 +85,9 @@ def launch(st: StackState, u: Unit, target: Callable[..., None], **kw: Any) -> N
 def start_job(st: StackState, u: Unit, restart: bool) -> None:
     """Worker: spawn the unit and wait until it is ready (or fails, or is aborted)."""
     try:
-        st.post("result", u, *start_and_wait(st, u, restart))
+        st.post(Result(u, start_and_wait(st, u, restart)))
     except BaseException as e:
-        st.post("result", u, "failed", UNIT_FAILED, f"internal error: {e!r}")
+        st.post(Result(u, Outcome("failed", UNIT_FAILED, f"internal error: {e!r}")))
 
 
 # Measured on the 2-core machine (a leaf each, python -S): a clone3 spawn blocks
@@ -112,7 +112,7 @@ def spawn_first(st: StackState) -> None:
         try:
             u.first = _spawn(st, u)
         except Exception as e:  # as a job reports it (start_job)
-            u.first = ("failed", UNIT_FAILED, f"internal error: {e!r}")
+            u.first = Outcome("failed", UNIT_FAILED, f"internal error: {e!r}")
 
 
 def launch_first(st: StackState) -> None:
@@ -130,9 +130,9 @@ def start_and_wait(st: StackState, u: Unit, restart: bool) -> Outcome:
     spawned, u.first = u.first, None
     if spawned is None:
         if st.abort.is_set():
-            return ("aborted", 0, "")
+            return Outcome("aborted", 0, "")
         spawned = _spawn(st, u)
-    if isinstance(spawned, tuple):
+    if isinstance(spawned, Outcome):
         return spawned
     assert u.tree is not None
     if u.spec.kind == "oneshot":
@@ -164,18 +164,18 @@ def _spawn(st: StackState, u: Unit) -> Child | Outcome:
             cwd=_entered(u.cwd, u.env),
         )
     except SpawnError as e:
-        return ("failed", UNIT_FAILED, str(e))
+        return Outcome("failed", UNIT_FAILED, str(e))
     finally:
         os.close(devnull)
     u.child = child
     mark(u, start_note(u, was, previous))
     u.tree = Tree(u.tree_id, child.ident, child.pid, child.pid, leaf=u.leaf, owned=owned_pids())
-    st.post("spawned", u)
+    st.post(Spawned(u))
     if st.on_started is not None:
         try:
             st.on_started(u.name, u.tree)
         except Exception as e:
-            st.post("say", f"{u.name}: could not tell the guardian: {e}")
+            st.post(Say(f"{u.name}: could not tell the guardian: {e}"))
     return child
 
 
@@ -203,7 +203,7 @@ def _wait_done(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
     poller.register(u.wake_r, select.POLLIN)
     while peek_exit(child) is None:
         if st.abort.is_set():
-            return ("aborted", 0, "")
+            return Outcome("aborted", 0, "")
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             break
@@ -214,13 +214,15 @@ def _wait_done(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
     tree.owned = owned_pids()
     report = stop_tree(tree, sig=u.spec.stop.signal, grace=u.spec.stop.grace)
     if report.survivors:
-        return ("failed", SURVIVORS, f"processes it left survived their stop: {report.summary()}")
+        return Outcome(
+            "failed", SURVIVORS, f"processes it left survived their stop: {report.summary()}"
+        )
     left_note = f"; stopped what it left: {report.summary()}" if report.stopped else ""
     if code is None:
-        return ("failed", EXPIRED, f"did not complete within {limit:g}s; stopped{left_note}")
+        return Outcome("failed", EXPIRED, f"did not complete within {limit:g}s; stopped{left_note}")
     if code != 0:
-        return ("failed", UNIT_FAILED, f"exited with {status_text(code)} after {took:.2f}s")
-    return ("completed", 0, f"exited with status 0 after {took:.2f}s{left_note}")
+        return Outcome("failed", UNIT_FAILED, f"exited with {status_text(code)} after {took:.2f}s")
+    return Outcome("completed", 0, f"exited with status 0 after {took:.2f}s{left_note}")
 
 
 def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
@@ -228,7 +230,7 @@ def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
     ready = u.spec.ready
     probe = u.probe
     if ready is None or probe is None:
-        return ("ready", 0, "started (no readiness probe)")
+        return Outcome("ready", 0, "started (no readiness probe)")
     deadline = u.spawned_at + ready.timeout
     poller = select.poll()
     poller.register(child.pidfd, select.POLLIN)
@@ -236,10 +238,10 @@ def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
     interval = 0.02
     while True:
         if st.abort.is_set():
-            return ("aborted", 0, "")
+            return Outcome("aborted", 0, "")
         code = peek_exit(child)
         if code is not None:
-            return (
+            return Outcome(
                 "failed",
                 UNIT_FAILED,
                 f"exited with {status_text(code)} before it was ready "
@@ -249,12 +251,12 @@ def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
         answer = probe.check(tree, left)
         u.detail = answer.detail
         if answer.ok:
-            return ("ready", 0, answer.detail)
+            return Outcome("ready", 0, answer.detail)
         if answer.fatal:
-            return ("failed", NOT_READY, f"probe {ready.describe()}: {answer.detail}")
+            return Outcome("failed", NOT_READY, f"probe {ready.describe()}: {answer.detail}")
         left = deadline - time.monotonic()
         if left <= 0:
-            return (
+            return Outcome(
                 "failed",
                 EXPIRED,
                 f"not ready within {ready.timeout:g}s "

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from hold_supervisor.cause import Cause
 from hold_supervisor.errors import SupervisorError
@@ -27,6 +27,7 @@ from hold_supervisor.proc.tree import Tree
 from hold_supervisor.spawn.containment import Containment
 from hold_supervisor.stack.controlsock import ControlServer, Reply
 from hold_supervisor.stack.display import Display
+from hold_supervisor.stack.eventtypes import Event
 from hold_supervisor.stack.units import TaskUnit, Unit
 from hold_supervisor.stackfile.spec import StackSpec
 
@@ -109,7 +110,7 @@ class StackState:
         self.order = spec.services()
         self.units = {n: Unit(n, spec.units[n]) for n in self.order}
         self.tasks = {n: TaskUnit(n, u) for n, u in spec.units.items() if u.kind == "task"}
-        self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.abort = threading.Event()
         self.cause: Cause | None = None
         self.phase = "starting"
@@ -127,8 +128,9 @@ class StackState:
     def say(self, text: str) -> None:
         self.display.line(text)
 
-    def post(self, *event: Any) -> None:
-        """From a worker: an event for the main thread (it wakes on the event pipe)."""
+    def post(self, event: Event) -> None:
+        """From a worker: an event for the main thread (it wakes on the event pipe);
+        its kinds are :mod:`hold_supervisor.stack.eventtypes`."""
         self.events.put(event)
         try:
             os.write(self.ev_w, b"e")

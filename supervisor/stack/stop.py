@@ -24,6 +24,16 @@ from hold_supervisor.proc.tree import Tree
 from hold_supervisor.safefile import UnsafePath
 from hold_supervisor.spawn.child import owned_pids
 from hold_supervisor.stack import readiness
+from hold_supervisor.stack.eventtypes import (
+    Alive,
+    Cleaned,
+    OnMain,
+    Result,
+    Say,
+    Skipped,
+    Spawned,
+    not_an_event,
+)
 from hold_supervisor.stack.notify import tell_systemd
 from hold_supervisor.stack.plan import release, remove_leaves, write_record
 from hold_supervisor.stack.state import StackResult, StackState
@@ -99,22 +109,27 @@ def _stop_calls(st: StackState) -> Reports:
 
 
 def _handle_results_quietly(st: StackState) -> None:
-    """Take the last results of jobs after the abort, so their children are reaped."""
+    """Take the last results of jobs after the abort, so their children are reaped.
+    What is none of the events is told, and the stop goes on."""
     while True:
         try:
             ev = st.events.get_nowait()
         except queue.Empty:
             return
-        if ev[0] == "result":
-            u = ev[1]
-            u.job = None
-            reap_if_exited(u)
-        elif ev[0] == "cleaned":
-            ev[1].job = None
-        elif ev[0] == "say":
-            st.say(ev[1])
-        elif ev[0] == "call":
-            ev[1]()  # a late `hold down` waits for the end; a restart is refused
+        match ev:
+            case Result(u):
+                u.job = None
+                reap_if_exited(u)
+            case Cleaned(u):
+                u.job = None
+            case Say(text):
+                st.say(text)
+            case OnMain(fn):
+                fn()  # a late `hold down` waits for the end; a restart is refused
+            case Spawned() | Skipped() | Alive():
+                pass  # the stop decides what happens to the unit now
+            case _:
+                st.say(f"internal error while stopping: {not_an_event(ev)}")
 
 
 def _stop_levels(st: StackState, reports: Reports) -> None:

@@ -17,6 +17,7 @@ from hold_supervisor.proc.tree import Tree
 from hold_supervisor.sigwake import drain as drain  # the wakeup pipes of jobs and units
 from hold_supervisor.spawn.child import Child
 from hold_supervisor.stack import readiness
+from hold_supervisor.stack.eventtypes import Outcome
 from hold_supervisor.stack.liveness import Liveness
 from hold_supervisor.stack.notify import NotifySocket
 from hold_supervisor.stackfile.spec import UnitSpec
@@ -58,7 +59,7 @@ class Unit:
         self.job: threading.Thread | None = None
         # Spawned by the main thread before the run had a thread (its job takes it
         # over): the child, or the outcome of a spawn that failed.
-        self.first: Child | tuple[str, int, str] | None = None
+        self.first: Child | Outcome | None = None
         self.log: RotatingLog | None = None
         self.out_r = self.out_w = -1  # stdout's pipe
         self.err_r = self.err_w = -1  # stderr's pipe
