@@ -1,10 +1,17 @@
-"""How wide output may be: the one rule for everything printed to a terminal.
+"""How wide output may be, and what it may hold: the one rule for everything printed
+to a terminal.
 
 At a terminal, a line is fitted to the width (``COLUMNS`` where set, else the
 terminal's own size), one column short of it so that the terminal never
 wraps on its own; piped or redirected, nothing is ever cut. The live
 ``hold up`` table, ``hold status``, ``hold audit`` and the live waiting line
 of ``npu-hold`` all follow it.
+
+Text that someone else controls (another user's label, a lock file's record,
+a process's command line) never reaches a terminal raw: :func:`shown`
+writes every control character, and every Unicode character that reorders
+or hides text, as an escape (``\x1b``, ``\u202e``); :func:`fit` and
+:func:`table` apply it to all they lay out.
 """
 
 from __future__ import annotations
@@ -14,6 +21,11 @@ from collections.abc import Sequence
 from typing import TextIO
 
 FALLBACK = 80  # a terminal that will not say how wide it is
+# C0 and C1 controls, DEL, and the characters that reorder or hide text
+# (bidi marks, overrides and isolates, zero-width ones, line separators).
+_HIDDEN = [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0xFEFF, *range(0xFFF9, 0xFFFC)]
+_HIDDEN += [*range(0x200B, 0x2010), *range(0x2028, 0x202F), *range(0x2060, 0x206A)]
+_ESCAPE = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _HIDDEN}
 MIN_WIDTH = 10  # never cut a line shorter than this
 ELLIPSIS = "..."
 
@@ -49,11 +61,17 @@ def room(width: int) -> int:
     return max(MIN_WIDTH, width - 1)
 
 
+def shown(text: str) -> str:
+    """``text`` safe to print: each hidden character (above) as its escape."""
+    return text.translate(_ESCAPE)
+
+
 def fit(text: str, width: int | None) -> str:
-    """``text`` cut to fit a terminal ``width`` wide; as it is when ``width`` is None."""
+    """``text`` :func:`shown` and cut to fit a terminal ``width`` wide; whole when
+    ``width`` is None."""
     if width is None:
-        return text
-    return text[: room(width)]
+        return shown(text)
+    return shown(text)[: room(width)]
 
 
 def cut(text: str, size: int) -> str:
@@ -79,7 +97,7 @@ def table(
     reason) give way first, the widest first; if even that is not enough the
     lines are cut. With ``width`` None (not a terminal) nothing is cut.
     """
-    all_rows = [list(head), *(list(r) for r in rows)]
+    all_rows = [list(head), *([shown(c) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(head))]
     if width is not None:
         _shrink(widths, flex, room(width) - len(gap) * (len(head) - 1), [len(h) for h in head])

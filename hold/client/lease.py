@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from hold.protocol import Ev, Op
 from hold_supervisor.exitcodes import BUSY, TOOL
 from hold_supervisor.parse import format_duration, format_until, format_when, time_left
+from hold_supervisor.width import shown
 
 if TYPE_CHECKING:
     from hold.client.connection import Client
@@ -366,7 +367,9 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
             f"{label} (pid {e.get('pid', '?')}{when}) through another "
             "ticket daemon"
         )
-    who = "; ".join(parts) or f"{cls} is being checked for the next holder"
+    # Labels, users and commands come from other users and from lock files anyone
+    # may write: never raw to a terminal (hold_supervisor.width.shown).
+    who = shown("; ".join(parts)) or f"{cls} is being checked for the next holder"
     if busy:
         return f"{cls} is taken: {who}"
     pos = note.get("position")

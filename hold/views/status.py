@@ -25,7 +25,9 @@ def main_status(ans: dict[str, Any], as_json: bool) -> None:
         return
     width = columns(sys.stdout)
     lines = [fit(arbiter_line(ans), width)]
-    lines += status_lines(ans) if width is None else status_table(ans, width)
+    lines += (
+        [fit(ln, None) for ln in status_lines(ans)] if width is None else status_table(ans, width)
+    )
     print("\n".join(lines))
 
 
