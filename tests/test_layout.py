@@ -153,3 +153,67 @@ def test_autostarts_daemon_imports_no_click() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == ""
+
+
+# Issue 22, one /proc reader: outside hold_supervisor.proc no module builds a
+# /proc path itself. Each exception: (file, the expression as written) -> why.
+PROC_PATH_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("hold/devices/holders.py", 'f"/proc/{pid}/fd"'): (
+        "the holder scan's hot loop (bench.audit): every descriptor of every process; "
+        "a call into hold_supervisor.proc.scan per process or an (int, path) pair per "
+        "descriptor would cost what the loop was tuned to save"
+    ),
+}
+
+
+def _proc_paths(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of each string literal that is ``/proc`` or starts with
+    ``/proc/``, and each f-string that starts so; docstrings and bare strings left out."""
+    tree = ast.parse(source)
+    bare = {id(s.value) for s in ast.walk(tree) if isinstance(s, ast.Expr)}
+    in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+
+    def is_proc(text: object) -> bool:
+        return isinstance(text, str) and (text == "/proc" or text.startswith("/proc/"))
+
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in bare:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            first = node.values[0] if node.values else None
+            hit = isinstance(first, ast.Constant) and is_proc(first.value)
+        else:
+            hit = (
+                isinstance(node, ast.Constant)
+                and id(node) not in in_fstring
+                and is_proc(node.value)
+            )
+        if hit:
+            out.append((node.lineno, ast.get_source_segment(source, node) or "?"))
+    return sorted(out)
+
+
+def test_only_hold_supervisor_proc_builds_proc_paths() -> None:
+    """Every read of /proc goes through ``hold_supervisor.proc`` (``scan`` above all):
+    a string literal ``"/proc/..."`` or an f-string ``f"/proc/{pid}/..."`` anywhere
+    else fails here, unless :data:`PROC_PATH_EXCEPTIONS` names it with a reason."""
+    sample = 'x = "/proc/locks"\ny = f"/proc/{pid}/exe"\nos.listdir("/proc")\n"""/proc/doc"""\n'
+    assert [seg for _, seg in _proc_paths(sample)] == [
+        '"/proc/locks"',
+        'f"/proc/{pid}/exe"',
+        '"/proc"',
+    ]
+    found: dict[tuple[str, str], list[int]] = {}
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith("supervisor/proc/"):
+                continue
+            for line, seg in _proc_paths(path.read_text()):
+                found.setdefault((rel, seg), []).append(line)
+    wrong = {f"{f}:{lines}: {seg}" for (f, seg), lines in found.items()}
+    wrong -= {f"{f}:{found[f, seg]}: {seg}" for f, seg in PROC_PATH_EXCEPTIONS if (f, seg) in found}
+    assert not wrong, "build the path in hold_supervisor.proc.scan instead"
+    stale = set(PROC_PATH_EXCEPTIONS) - set(found)
+    assert not stale, f"exceptions that no longer occur: {stale}"

@@ -39,10 +39,8 @@ def refusal(pid: int, start: int | None, uid: int, asker: int, daemon: int) -> s
         what = "the ticket daemon" if pid == daemon else "an ancestor of the ticket daemon"
         return f"pid {pid} is {what} (pid {daemon})"
     if not signalable_by(pid, uid):
-        try:
-            owner = user_name(os.stat(f"/proc/{pid}").st_uid)
-        except OSError:
-            owner = "?"
+        owner_uid = scan.uid_of(pid)
+        owner = "?" if owner_uid is None else user_name(owner_uid)
         return (
             f"pid {pid} ({_command(pid)}) belongs to user {owner}, not {user_name(uid)}; "
             "only its owner or root may adopt it"

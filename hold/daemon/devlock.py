@@ -34,6 +34,7 @@ from typing import Any
 
 from hold.errors import HoldError
 from hold_supervisor.parse import BadValue
+from hold_supervisor.proc import scan
 
 # Searched in this order; the first that is a root-owned, sticky,
 # world-writable directory is used. Only root (or the directory's owner) can
@@ -203,23 +204,7 @@ def locked_inodes() -> set[tuple[int, int, int]]:
     Read instead of probing with a shared lock of our own: a probe would make
     another arbiter's non-blocking attempt fail for an instant.
     """
-    out: set[tuple[int, int, int]] = set()
-    try:
-        with open("/proc/locks", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; "->" marks a waiter
-        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK":
-            continue
-        try:
-            maj, mnr, ino = parts[5].split(":")
-            out.add((int(maj, 16), int(mnr, 16), int(ino)))
-        except ValueError:
-            continue
-    return out
+    return scan.flocked_files()
 
 
 def is_locked(path: str, locked: set[tuple[int, int, int]] | None = None) -> bool:

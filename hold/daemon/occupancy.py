@@ -271,13 +271,10 @@ LOOKS = 3  # scans of one check while the node moves under them
 def _nested_pid_namespace() -> bool:
     """Are there processes this one cannot list (its pid namespace has a parent)?"""
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    return len(line.split()) > 2
+        line = procscan.status_line("self", b"NSpid:")
     except OSError:
-        pass
-    return True
+        return True
+    return True if line is None else len(line.split()) > 2
 
 
 def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict[str, Any]:

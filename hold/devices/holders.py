@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, NoReturn
 
 from hold.devices.classes import DeviceClass
-from hold.devices.scancache import KTHREADD, ScanCache, kernel_threads, kthreadd_children
+from hold.devices.scancache import ScanCache
 from hold_supervisor.proc import scan as procscan
+from hold_supervisor.proc.scan import KTHREADD, kernel_threads, kthreadd_children, read_maps
 
 # A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
 # for the node's own inode (how a mapping names it, and how a regular file
@@ -110,6 +111,12 @@ class _Matcher:
         privileged than us, such as a sandbox's init), and such a process
         must be counted as not inspected, never passed over as holding nothing.
         """
+        # The one /proc path built outside hold_supervisor.proc (issue 22), on
+        # purpose: this listing and the stat of each entry are the scan's hot
+        # loop (every descriptor of every process, bench.audit), and
+        # hold_supervisor.proc.scan.fds would build an (int, path) pair per
+        # descriptor, a helper returning the listing one more call and tuple
+        # per process. tests/test_layout.py names this line as its exception.
         base = f"/proc/{pid}/fd"
         try:
             fds = os.listdir(base)
@@ -152,7 +159,7 @@ class _Matcher:
         ], denied
 
     def _mapped(self, pid: int) -> list[Target]:
-        data = read_proc(f"/proc/{pid}/maps")
+        data = read_maps(pid)
         if not data:
             return []
         out = [t for needle, t in self.map_needles if needle in data]
@@ -171,32 +178,6 @@ class _Matcher:
                 if t is not None and t not in out:
                     out.append(t)
         return out
-
-
-def read_proc(path: str) -> bytes:
-    """A whole /proc file with plain system calls (no buffered file object per file).
-
-    Raises PermissionError (a process we may not inspect); b"" if it is gone.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except PermissionError:
-        raise
-    except OSError:
-        return b""
-    try:
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, 262144)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    except PermissionError:
-        raise
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
 
 
 def scan(
@@ -241,7 +222,7 @@ def scan(
         # A kernel thread that ended during the scan may have left its pid to
         # a user process since: whoever has such a pid now is read too.
         gone = sorted(kernel - kthreadd_children() - {KTHREADD})
-        results.append(_work(matcher, [p for p in gone if os.path.exists(f"/proc/{p}")]))
+        results.append(_work(matcher, [p for p in gone if procscan.listed(p)]))
     if cache is not None:
         cache.note(key, [p for _, _, e in results for p in e], cursor, t0)
     holders = [h for part, _, _ in results for h in part]
@@ -430,10 +411,8 @@ def _decode(data: bytes) -> tuple[_Part, list[int]] | None:
 
 
 def _uid(pid: int) -> int:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return -1
+    uid = procscan.uid_of(pid)
+    return -1 if uid is None else uid
 
 
 # ------------------------------------------------------------------ details
@@ -457,7 +436,7 @@ def details(pid: int) -> Details:
     try:
         command = read_cmdline(pid)
         start = read_stat(pid).starttime
-        statm = read_proc(f"/proc/{pid}/statm").split()
+        statm = procscan.read_raw(pid, "statm").split()
     except NoSuchProcess:
         return Details("(exited)", None, None)
     except (AccessDenied, PermissionError):
@@ -531,12 +510,7 @@ def _drm_fdinfo(holders: list[Holder], out: dict[tuple[int, str, int | None], in
         if (h.pid, h.cls, h.unit) in out or not h.node.startswith("/dev/dri/"):
             continue
         total = 0
-        for path in glob.glob(f"/proc/{h.pid}/fdinfo/*"):
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError:
-                continue
+        for data in procscan.fdinfos(h.pid):
             if b"drm-" not in data:
                 continue
             for line in data.splitlines():

@@ -21,58 +21,22 @@ opened the node (or was sent a descriptor of it) within the window is not
 seen by the next scan. A full scan has the same gap for as long as the scan
 takes (each process is read at its own moment), and on a machine with a
 thousand processes that is longer than the window.
+
+The reads of ``/proc`` behind both (which pids are kernel threads, the pid
+cursor) are :mod:`hold_supervisor.proc.scan`'s: ``kernel_threads``,
+``kthreadd_children``, ``pid_cursor``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 
+from hold_supervisor.proc.scan import pid_cursor
+
 WINDOW = 0.05  # seconds a process read holding nothing is believed
-KTHREADD = 2  # the kernel's thread starter: the parent of every kernel thread
-PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 
 Targets = frozenset[tuple[object, ...]]  # the node keys a scan looked for
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb", buffering=0) as f:
-        return f.read()
-
-
-def kernel_threads() -> frozenset[int]:
-    """The kernel threads now; empty where pid 2 is no kernel thread (inside
-    a pid namespace it is anyone's) or the kernel lacks the ``children`` file:
-    then every process is read. A kthreadd child that is exiting has no
-    ``exe`` either; it holds nothing a moment later."""
-    try:
-        fields = _read(f"/proc/{KTHREADD}/stat").rsplit(b")", 1)[1].split()
-        if not int(fields[6]) & PF_KTHREAD:
-            return frozenset()
-    except (OSError, IndexError, ValueError):
-        return frozenset()
-    out = {KTHREADD}
-    for pid in kthreadd_children():
-        try:
-            os.readlink(f"/proc/{pid}/exe")
-        except FileNotFoundError:
-            out.add(pid)
-        except OSError:
-            pass  # may not look: read it as any other process
-    return frozenset(out)
-
-
-def kthreadd_children() -> set[int]:
-    try:
-        return {int(p) for p in _read(f"/proc/{KTHREADD}/task/{KTHREADD}/children").split()}
-    except (OSError, ValueError):
-        return set()
-
-
-def pid_cursor() -> int:
-    """The last pid the kernel handed out in our pid namespace."""
-    return int(_read("/proc/loadavg").split()[4])
 
 
 def reused(pid: int, then: int, now: int) -> bool:

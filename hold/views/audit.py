@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hold.devices.classes import DeviceClass
-from hold.devices.holders import Holder, details, device_memory, read_proc, scan, targets
+from hold.devices.holders import Holder, details, device_memory, scan, targets
 from hold.errors import HoldError
 from hold.statedir import StateDir
 from hold_supervisor.proc import scan as procscan
@@ -169,7 +169,7 @@ def _outlived(h: Holder, where: str | None, ended: list[dict[str, Any]]) -> dict
     """The ended lease whose tree ``h`` belonged to (by marker or leaf), if any."""
     if not ended:
         return None
-    environ = read_proc(f"/proc/{h.pid}/environ")
+    environ = procscan.read_raw(h.pid, "environ")
     marker = None
     for entry in environ.split(b"\0"):
         if entry.startswith(b"HOLD_TREE="):

@@ -17,6 +17,7 @@ import select
 import time
 
 from hold_supervisor.errors import SupervisorError
+from hold_supervisor.proc import scan
 
 
 class CgroupUnavailable(SupervisorError):
@@ -30,8 +31,7 @@ def v2_mount() -> str | None:
     ``/sys/fs/cgroup/unified``, and containers mount it where they like.
     """
     try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read().splitlines()
+        lines = scan.read_raw("self", "mountinfo").splitlines()
     except OSError:
         return None
     for line in lines:
@@ -45,12 +45,12 @@ def v2_mount() -> str | None:
 def own_cgroup(pid: int | str = "self") -> str | None:
     """This process's place in the v2 hierarchy (the ``0::`` line of /proc/PID/cgroup)."""
     try:
-        with open(f"/proc/{pid}/cgroup", "rb") as f:
-            for line in f.read().splitlines():
-                if line.startswith(b"0::"):
-                    return line[3:].decode()
+        lines = scan.read_raw(pid, "cgroup").splitlines()
     except OSError:
         return None
+    for line in lines:
+        if line.startswith(b"0::"):
+            return line[3:].decode()
     return None
 
 

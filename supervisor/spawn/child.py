@@ -206,15 +206,14 @@ def close_actions(keep: set[int]) -> list[tuple[int, int]]:
 
 def read_cpus_allowed(pid: int) -> frozenset[int]:
     """The child's CPU mask as the kernel reports it in ``/proc/PID/status``."""
-    with open(f"/proc/{pid}/status", "rb") as f:
-        for line in f:
-            if line.startswith(b"Cpus_allowed_list:"):
-                out: set[int] = set()
-                for part in line.split(b":", 1)[1].strip().split(b","):
-                    lo, _, hi = part.partition(b"-")
-                    out.update(range(int(lo), int(hi or lo) + 1))
-                return frozenset(out)
-    raise RuntimeError(f"pid {pid}: no Cpus_allowed_list")
+    line = scan.status_line(pid, b"Cpus_allowed_list:")
+    if line is None:
+        raise RuntimeError(f"pid {pid}: no Cpus_allowed_list")
+    out: set[int] = set()
+    for part in line.split(b":", 1)[1].strip().split(b","):
+        lo, _, hi = part.partition(b"-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
 
 
 def spawn(

@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, NoReturn
 
+from hold_supervisor.proc import scan
+
 _SYS_CLONE3 = 435  # the same number on every Linux architecture (the generic syscall table)
 _CLONE_INTO_CGROUP = 0x200000000
 _FIELDS = (
@@ -219,7 +221,7 @@ def _single_threaded() -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     try:
-        return len(os.listdir("/proc/self/task")) == 1
+        return scan.thread_count("self") == 1
     except OSError:
         return False
 
