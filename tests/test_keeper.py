@@ -169,6 +169,11 @@ def test_ctrl_z_stops_the_job_and_fg_continues_it(tmp_path: Path) -> None:
         keeper = scan.stat_of(launcher).ppid  # type: ignore[union-attr]
         assert _comm(keeper) == "hold-keeper"
 
+        def has_the_terminal() -> bool:  # pgrp == tpgid: hold run has handed it over
+            fields = Path(f"/proc/{sleep_pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return fields[2] == fields[5]
+
+        wait_for(has_the_terminal, 10, what="the command to have the terminal")
         term.write("\x1a")  # Ctrl-Z
         term.expect(r"Stopped")
         for pid in (sleep_pid, launcher, keeper):
