@@ -355,6 +355,13 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         if "error" in e:
             parts.append(f"{cls}:{e['index']} cannot be locked ({e['error']})")
             continue
+        if e.get("foreign"):
+            parts.append(
+                f"{cls}:{e['index']} is locked by pid {e.get('pid', '?')} (user "
+                f"{e.get('user', '?')}), which is no ticket daemon: its lock file "
+                f"{e.get('path', '?')} is held outside any lease"
+            )
+            continue
         when = ""
         if isinstance(e.get("since"), float) and isinstance(e.get("until"), float):
             when = (

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import queue
 import stat
@@ -35,6 +36,7 @@ from typing import Any
 from hold.errors import HoldError
 from hold_supervisor.parse import BadValue
 from hold_supervisor.proc import scan
+from hold_supervisor.proc.identity import user_name
 
 # Searched in this order; the first that is a root-owned, sticky,
 # world-writable directory is used. Only root (or the directory's owner) can
@@ -193,9 +195,38 @@ def read_owner(path: str) -> dict[str, Any] | None:
         value = rec.get(name)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # NaN or infinity: no time anyone could show
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            continue
         if isinstance(value, kind) and not isinstance(value, bool):
             out[name] = value[:200] if isinstance(value, str) else value
     return out
+
+
+def owner_of(path: str) -> dict[str, Any]:
+    """Who holds the lock at ``path``, as far as it can be told. The file's record
+    (anyone may write it) is believed where the kernel agrees: the pid that took
+    the flock (``/proc/locks``) is the record's daemon, or has exited (a lock
+    handed on with its descriptor). A live process that is no arbiter named
+    in the record holds it otherwise -- a plain ``flock``, or a record
+    overwritten by someone else -- and that process is what is said, with
+    ``"foreign": True``."""
+    rec = read_owner(path) or {}
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return rec
+    pid = scan.flock_holders().get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    if pid is None or pid == rec.get("daemon_pid") or scan.stat_of(pid) is None:
+        return rec
+    uid = scan.uid_of(pid)
+    return {
+        "pid": pid,
+        "user": user_name(uid) if uid is not None else "?",
+        "foreign": True,
+        "path": path,
+    }
 
 
 def locked_inodes() -> set[tuple[int, int, int]]:
@@ -251,7 +282,7 @@ class Locks:
         if key not in self.waiting:
             self.waiting.add(key)
             threading.Thread(target=self._wait, args=(key, path), daemon=True).start()
-        return read_owner(path) or {}
+        return owner_of(path)
 
     def take_if_free(self, key: str) -> None:
         """Take ``key``'s lock if nobody holds it; never wait (a restarted daemon's
@@ -314,4 +345,4 @@ class Locks:
         """The record of ``key``'s lock if another arbiter holds it now, else None."""
         if key in self.fds or not is_locked(self.path(key), locked):
             return None
-        return read_owner(self.path(key)) or {}
+        return owner_of(self.path(key))

@@ -84,4 +84,6 @@ def _holder(
         "expires": rec.get("until"),
         "state": "elsewhere",
         "arbiter": rec.get("arbiter"),
+        # the kernel's holder of the lock, whose file names no arbiter of it (devlock.owner_of)
+        "foreign": bool(rec.get("foreign")),
     }

@@ -235,10 +235,12 @@ def pid_cursor() -> int:
     return int(_read_unbuffered("/proc/loadavg").split()[4])
 
 
-def flocked_files() -> set[tuple[int, int, int]]:
-    """``(major, minor, inode)`` of every file with a flock held now, from
-    ``/proc/locks`` (waiters left out); empty if it may not be read."""
-    out: set[tuple[int, int, int]] = set()
+def flock_holders() -> dict[tuple[int, int, int], int]:
+    """``(major, minor, inode)`` of every file with a flock held now -> the pid that
+    took it, from ``/proc/locks`` (waiters left out); empty if it may not be read.
+    The pid is the kernel's word, unlike anything written in the file; it may be
+    gone while the lock lives on (a descriptor passed on before it exited)."""
+    out: dict[tuple[int, int, int], int] = {}
     try:
         with open("/proc/locks", "rb") as f:
             text = f.read().decode("ascii", "replace")
@@ -251,10 +253,15 @@ def flocked_files() -> set[tuple[int, int, int]]:
             continue
         try:
             maj, mnr, ino = parts[5].split(":")
-            out.add((int(maj, 16), int(mnr, 16), int(ino)))
+            out[(int(maj, 16), int(mnr, 16), int(ino))] = int(parts[4])
         except ValueError:
             continue
     return out
+
+
+def flocked_files() -> set[tuple[int, int, int]]:
+    """The files of :func:`flock_holders`."""
+    return set(flock_holders())
 
 
 def children_of_self() -> list[int]:
@@ -590,6 +597,7 @@ __all__ = [
     "exe",
     "fdinfos",
     "fds",
+    "flock_holders",
     "flocked_files",
     "holders_of",
     "holdings",

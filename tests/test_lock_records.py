@@ -1,0 +1,87 @@
+"""The machine-wide lock files are anyone's to write (issue 24): what a record
+says is believed only where the kernel agrees, and a record no daemon could
+have written never breaks another user's client, ``hold status`` or
+``hold metrics``. Here the test itself is "another arbiter": it holds the
+flock of the test's npu device, with whatever record it likes."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from conftest import HOLD
+
+from hold.daemon import devlock
+from hold.devices.classes import node_key
+
+NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
+
+
+@contextlib.contextmanager
+def locked_with(base: Path, record: bytes) -> Iterator[str]:
+    """The npu device's lock file, holding ``record``, flocked by this process."""
+    node = next((base / "dev").glob("accel*"))
+    key = node_key(str(node))
+    assert key is not None
+    path = devlock.lock_path(os.environ["HOLD_LOCK_DIR"], key)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, record)
+        yield path
+    finally:
+        os.close(fd)
+
+
+def _no_wait() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [NPU_HOLD, "--no-wait", "--", "true"], capture_output=True, text=True, timeout=60
+    )
+
+
+def _views_work() -> None:
+    for argv in ([*HOLD, "status"], [*HOLD, "status", "--json"], [*HOLD, "metrics"]):
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, (argv, res.stderr)
+        assert "Traceback" not in res.stderr
+
+
+def test_a_plain_flock_is_named_by_the_kernel(isolated_hold: Path) -> None:
+    """No lease, no record: the waiter hears the pid the kernel names, not "pid ?"."""
+    with locked_with(isolated_hold, b"") as path:
+        res = _no_wait()
+        assert res.returncode == 75, res.stderr
+        assert f"locked by pid {os.getpid()} (user " in res.stderr, res.stderr
+        assert "no ticket daemon" in res.stderr and path in res.stderr, res.stderr
+        status = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=60)
+        assert "by no ticket daemon" in status.stdout, status.stdout
+        _views_work()
+
+
+def test_a_record_naming_another_daemon_is_not_believed(isolated_hold: Path) -> None:
+    """A record that names a daemon other than the lock's holder (overwritten by
+    someone): the kernel's holder is what is said."""
+    forged = {"user": "somebody", "label": "forged", "pid": 1, "daemon_pid": 1, "lease": "x"}
+    with locked_with(isolated_hold, json.dumps(forged).encode()):
+        res = _no_wait()
+        assert res.returncode == 75, res.stderr
+        assert f"locked by pid {os.getpid()}" in res.stderr and "forged" not in res.stderr
+
+
+def test_a_record_with_nan_breaks_nothing(isolated_hold: Path) -> None:
+    record = (
+        f'{{"user": "u", "label": "l", "lease": "x", "daemon_pid": {os.getpid()}, '
+        '"since": NaN, "until": Infinity, "pid": 123456789012345678901234567890}'
+    )
+    with locked_with(isolated_hold, record.encode()):
+        res = _no_wait()
+        assert res.returncode == 75, res.stderr
+        assert "Traceback" not in res.stderr and "nan" not in res.stderr.lower(), res.stderr
+        assert "through another ticket daemon" in res.stderr, res.stderr
+        _views_work()
