@@ -433,6 +433,9 @@ def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
     assert not (world.state(a_user) / "daemon.sock").exists()
     tok = wait_for(lambda: _token(ns), 10, what="A's token in /run/hold")
     assert tok["user"] == a_user
+    # The token is everyone's to read: a private label is not in it.
+    first = ns.path("/run/hold/npu-0.token").read_text().splitlines()[0]
+    assert tok["label"] is None and first.startswith("npu-hold private pid "), first
 
     st = world.run(b_user, "status")
     assert st.returncode == 0, st.stderr

@@ -171,7 +171,10 @@ class Records:
 
     def write_tokens(self, s: SessionRec) -> None:
         assert s.lease is not None
-        data = render(s.lease.cls, self.record(s).to_json())
+        record = self.record(s)
+        if s.lease.private:  # the files are everyone's to read: no label of it there
+            record = record._replace(label=None)
+        data = render(s.lease.cls, record.to_json())
         for i in s.lease.devices:
             write_atomic(self.sd.token(s.lease.cls, i), data, 0o644)
         if self.home_tokens:

@@ -80,7 +80,11 @@ def token_line(cls: str, label: str, holder_pid: int, granted: float) -> str:
 
 
 def render(cls: str, record: dict[str, Any]) -> bytes:
-    line = token_line(cls, record["label"], record["holder_pid"], record["granted"])
+    """A token file's bytes: the first line people and old scripts read, and the
+    record. A private lease's label is in neither (its record's ``label`` is null,
+    the line says ``private``): token files are readable by everyone."""
+    label = record["label"] if record["label"] is not None else "private"
+    line = token_line(cls, label, record["holder_pid"], record["granted"])
     return (line + "\n" + json.dumps(record, sort_keys=True) + "\n").encode()
 
 
