@@ -690,6 +690,16 @@ CONFIG_DOCS: list[tuple[str, str | bytes, str]] = [
         "{file}:4: devices.x.visible_env 'PATH' is not valid",
     ),
     (
+        "visible-env-ld-preload",
+        "devices:\n  x:\n    nodes: [/dev/x]\n    visible_env: [LD_PRELOAD]\n",
+        "{file}:4: devices.x.visible_env 'LD_PRELOAD' is not valid: a variable that selects",
+    ),
+    (
+        "visible-env-home",
+        "devices:\n  x:\n    nodes: [/dev/x]\n    visible_env: [CUDA_VISIBLE_DEVICES, HOME]\n",
+        "{file}:4: devices.x.visible_env 'HOME' is not valid: a variable that selects",
+    ),
+    (
         "visible-env-nested",
         "devices:\n  x:\n    nodes: [/dev/x]\n    visible_env: [[A]]\n",
         "{file}:4: devices.x.visible_env '(a list or mapping)' is not valid",

@@ -162,6 +162,53 @@ _SYNONYMS = {
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 # Variables hold sets itself for every command: a class may not name them.
 _OWN_ENV = ("PATH", "CUDA_DEVICE_ORDER")
+# Variables that change how a program is loaded or run, or where it finds its
+# files, rather than which devices it sees: a class that named one would hand
+# every command of its leases e.g. ``LD_PRELOAD=0`` or ``HOME=0,1`` (issue 24).
+_NOT_VISIBILITY = frozenset(
+    (
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "TERM",
+        "TZ",
+        "LANG",
+        "LANGUAGE",
+        "TMPDIR",
+        "PWD",
+        "OLDPWD",
+        "IFS",
+        "PS4",
+        "ENV",
+        "BASH_ENV",
+        "CDPATH",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "GCONV_PATH",
+        "LOCPATH",
+        "NLSPATH",
+        "HOSTALIASES",
+        "RESOLV_HOST_CONF",
+        "GLIBC_TUNABLES",
+        "NODE_OPTIONS",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "NOTIFY_SOCKET",
+    )
+)
+_NOT_VISIBILITY_PREFIXES = (
+    "LD_",
+    "DYLD_",
+    "LC_",
+    "MALLOC_",
+    "PYTHON",
+    "PERL",
+    "RUBY",
+    "BASH_FUNC_",
+    "XDG_",
+    "SSL_",
+)
 
 
 def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
@@ -257,6 +304,11 @@ def _item_problem(key: str, item: str) -> str | None:
             return "a variable name: letters, digits and _, not starting with a digit"
         if item.startswith("HOLD_") or item in _OWN_ENV:
             return "a variable hold does not set itself (not HOLD_*, " + ", ".join(_OWN_ENV) + ")"
+        if item in _NOT_VISIBILITY or item.startswith(_NOT_VISIBILITY_PREFIXES):
+            return (
+                "a variable that selects devices (CUDA_VISIBLE_DEVICES...), not one that "
+                "changes how programs load, run or find their files (LD_*, HOME, PATH, ...)"
+            )
         return None
     what = "an absolute path" if key == "allowed_holders" else "an absolute path pattern"
     if any(ord(c) < 32 or ord(c) == 127 for c in item):
