@@ -190,3 +190,30 @@ def test_an_allowed_holder_neither_blocks_a_grant_nor_is_stray(
     assert any(
         r["pid"] == stray.pid and not r["covered"] for r in json.loads(res.stdout)["holders"]
     )
+
+
+def test_status_shows_what_blocks_a_device_no_lease_holds(
+    fake: list[Path], procs: list[subprocess.Popen[str]]
+) -> None:
+    """Not "free" (issue 25): a device a stray holds is shown blocked, by whom."""
+    stray = _stray(procs, fake[0])
+    refused = subprocess.run(
+        [*HOLD, "run", "--device", "fake:0", "--no-wait", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 75, refused.stderr
+    res = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("fake:0"))
+    assert "blocked" in line and f"held outside any lease by pid {stray.pid}" in line, line
+    doc = json.loads(
+        subprocess.run(
+            [*HOLD, "status", "--json"], capture_output=True, text=True, timeout=60
+        ).stdout
+    )
+    holder = doc["classes"]["fake"]["devices"][0]["holder"]
+    assert holder["state"] == "blocked" and holder["pid"] == stray.pid, holder
+    free = doc["classes"]["fake"]["devices"][1]["holder"]
+    assert free is None  # the other device is free, and said so

@@ -111,6 +111,23 @@ def open_lock(path: str) -> int:
     raise LockUnusable(f"{path} keeps appearing and disappearing")
 
 
+def unusable(path: str) -> str | None:
+    """Why the lock file at ``path`` cannot be used by this process (what
+    :func:`open_lock` would raise), without making it; None if it can (or is
+    not there yet). Only looks: for ``hold status``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if not os.access(path, os.R_OK | os.W_OK, follow_symlinks=False):
+        return f"{path}: not writable by this daemon's user (mode {st.st_mode & 0o777:o})"
+    return None
+
+
 def try_lock(fd: int) -> bool:
     """Take the exclusive lock on ``fd`` if nobody holds it; never waits."""
     try:

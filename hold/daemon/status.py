@@ -73,7 +73,7 @@ def _holder(
         }
     rec = st.locks.held_elsewhere(st.keys[cls][i], locked)
     if rec is None:
-        return None
+        return _not_grantable(st, grants, cls, i)
     return {
         "lease": rec.get("lease", "?"),
         "label": rec.get("label"),
@@ -86,4 +86,37 @@ def _holder(
         "arbiter": rec.get("arbiter"),
         # the kernel's holder of the lock, whose file names no arbiter of it (devlock.owner_of)
         "foreign": bool(rec.get("foreign")),
+    }
+
+
+def _not_grantable(st: DaemonState, grants: Grants, cls: str, i: int) -> dict[str, Any] | None:
+    """A device no lease holds that is still not free: a process outside any lease
+    holds it (the last check found it), or its lock file cannot be used. None
+    where it is free. Shown as its "holder" with state ``blocked`` or
+    ``unusable``, the reason as its label (it was shown "free", issue 25)."""
+    blocked = grants.blocked.get((cls, i))
+    if blocked:
+        h = blocked[0]
+        more = f" and {len(blocked) - 1} more" if len(blocked) > 1 else ""
+        why = f"held outside any lease by pid {h.get('pid')} ({h.get('command')}){more}"
+        return _reason("blocked", why, h.get("pid"), str(h.get("user", "?")), h.get("uid"))
+    err = grants.elsewhere.get((cls, i), {}).get("error") or devlock.unusable(
+        st.locks.path(st.keys[cls][i])
+    )
+    if err:
+        return _reason("unusable", f"its lock file cannot be used: {err}", None, "?", None)
+    return None
+
+
+def _reason(state: str, why: str, pid: object, user: str, uid: object) -> dict[str, Any]:
+    return {
+        "lease": "-",
+        "label": why,
+        "pid": pid,
+        "user": user,
+        "uid": uid,
+        "since": None,
+        "expires": None,
+        "state": state,
+        "why": why,
     }

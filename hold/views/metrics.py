@@ -89,10 +89,11 @@ def _devices(
     for dev in info["devices"]:
         lab = {"class": cls, "index": str(dev["index"])}
         h = dev["holder"]
-        out["hold_device_leased"].append(("", lab, 0 if h is None else 1))
+        leased = h is not None and h.get("state") not in ("blocked", "unusable")
+        out["hold_device_leased"].append(("", lab, 1 if leased else 0))
         waiters = [w for w in info["queue"] if not w["indices"] or dev["index"] in w["indices"]]
         out["hold_device_waiters"].append(("", lab, len(waiters)))
-        if h is None:
+        if h is None or not leased:
             continue
         if isinstance(h.get("uid"), int):
             out["hold_device_holder_uid"].append(("", lab, h["uid"]))

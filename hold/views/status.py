@@ -45,6 +45,8 @@ def arbiter_line(ans: dict[str, Any]) -> str:
 
 
 def _label(h: dict[str, Any]) -> str:
+    if h.get("why"):  # blocked or unusable: no lease, the reason instead of a label
+        return str(h["why"])
     if h.get("foreign"):
         return "(its lock is held, but by no ticket daemon)"
     return repr(h["label"]) if h.get("label") is not None else "(private)"
