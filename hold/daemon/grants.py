@@ -69,6 +69,12 @@ class Grants:
                 self.schedule(cls)
                 return
 
+    def sharing(self, cls: str) -> list[str]:
+        """The other classes that name a device of ``cls`` (one node in two classes,
+        a hard link, a second path: one device, one key, whichever class names it)."""
+        mine = set(self.st.keys[cls])
+        return [c for c, keys in self.st.keys.items() if c != cls and mine & set(keys)]
+
     def schedule(self, cls: str, empty: frozenset[int] = frozenset()) -> None:
         """Grant (or scan, then grant) what the line of ``cls`` can have now.
 
