@@ -88,16 +88,17 @@ def test_a_record_with_nan_breaks_nothing(isolated_hold: Path) -> None:
 
 
 def test_an_unusable_lock_file_is_shown_not_free(isolated_hold: Path) -> None:
-    """A FIFO planted at the lock file's path: the device cannot be granted, and
-    hold status says why instead of "free"."""
+    """A directory made at the lock file's path (which not even root's daemon
+    removes): the device cannot be granted, and hold status says why instead of
+    "free"."""
     node = next((isolated_hold / "dev").glob("accel*"))
     key = node_key(str(node))
     assert key is not None
     path = devlock.lock_path(os.environ["HOLD_LOCK_DIR"], key)
-    os.mkfifo(path)
+    os.mkdir(path)
     res = _no_wait()
     assert res.returncode == 75, res.stderr
-    assert "cannot be locked" in res.stderr and "not a regular file" in res.stderr, res.stderr
+    assert "cannot be locked" in res.stderr and path in res.stderr, res.stderr
     status = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=60)
     line = next(ln for ln in status.stdout.splitlines() if ln.startswith("npu:0"))
     assert "unusable" in line and "its lock file cannot be used" in line, line

@@ -16,6 +16,7 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -523,18 +524,31 @@ def _marker_of(pid: int) -> str | None:
     return None
 
 
-def test_a_lock_file_that_cannot_be_opened_counts_as_held(tmp_path: Path) -> None:
-    """A lock file planted by someone (not a regular file) never hangs or grants."""
+def test_a_lock_file_planted_by_someone_never_hangs_and_root_takes_it_back(
+    tmp_path: Path,
+) -> None:
+    """A FIFO or a symlink at a lock file's name never hangs an open nor is
+    followed; root's daemon (this test is root) removes it and makes the lock
+    file. A directory there cannot be removed that way: it counts as held."""
+    t0 = time.monotonic()
     fifo = tmp_path / "hold-dev-x.lock"
     os.mkfifo(fifo)
-    t0 = time.monotonic()
-    with pytest.raises(devlock.LockUnusable):
-        devlock.open_lock(str(fifo))
+    fd = devlock.open_lock(str(fifo))
+    os.close(fd)
+    assert stat.S_ISREG(fifo.lstat().st_mode) and stat.S_IMODE(fifo.lstat().st_mode) == 0o666
     link = tmp_path / "hold-dev-y.lock"
     link.symlink_to(tmp_path / "elsewhere")
+    os.close(devlock.open_lock(str(link)))
+    assert not link.is_symlink() and not (tmp_path / "elsewhere").exists()
+    mine = tmp_path / "hold-dev-z.lock"
+    mine.write_text("")
+    mine.chmod(0o600)  # another user's, theirs alone: no other user's daemon could open it
+    os.close(devlock.open_lock(str(mine)))
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o666
+    planted = tmp_path / "hold-dev-w.lock"
+    planted.mkdir()
     with pytest.raises(devlock.LockUnusable):
-        devlock.open_lock(str(link))
-    assert not (tmp_path / "elsewhere").exists()
+        devlock.open_lock(str(planted))
     assert time.monotonic() - t0 < 1.0
 
 

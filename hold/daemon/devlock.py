@@ -23,6 +23,7 @@ content informs; only the kernel lock decides.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -92,6 +93,7 @@ def open_lock(path: str) -> int:
     directory, even one that exists.
     """
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    root = os.geteuid() == 0
     for _ in range(5):
         try:
             fd = os.open(path, flags)
@@ -102,13 +104,35 @@ def open_lock(path: str) -> int:
                 continue  # made by someone else meanwhile: open theirs
             os.fchmod(fd, 0o666)  # the umask would keep other users out
         except OSError as e:
+            if root and e.errno == errno.ELOOP and _remove_planted(path):
+                continue  # a symlink someone planted: root takes the name back
             raise LockUnusable(f"{path}: {e.strerror}") from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
+            if root and _remove_planted(path):
+                continue  # a FIFO, a socket, a device node: likewise
             raise LockUnusable(f"{path} is not a regular file")
+        if root and stat.S_IMODE(st.st_mode) & 0o666 != 0o666:
+            # Another user made it theirs alone (0600): every other user's daemon
+            # could no longer open it, and the device could never be granted.
+            os.fchmod(fd, 0o666)
         return fd
     raise LockUnusable(f"{path} keeps appearing and disappearing")
+
+
+def _remove_planted(path: str) -> bool:
+    """(root) The thing planted at a lock file's name removed (never followed: the
+    name itself); True if it is gone. Only names of this module's own pattern."""
+    if not os.path.basename(path).startswith("hold-dev-"):
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def unusable(path: str) -> str | None:
