@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, wait_for
+from conftest import HOLD, PROGS, wait_for
 
 PY = sys.executable
 
@@ -341,3 +341,28 @@ def test_a_task_call_gets_its_own_scratch_removed_after_it(tmp_path: Path) -> No
     assert first != second  # one per call
     assert not Path(first).exists() and not Path(second).exists()
     assert (victim / "precious").read_text() == "keep"
+
+
+def test_a_chatty_server_is_probed_on_a_schedule_not_per_line(tmp_path: Path) -> None:
+    """A unit that prints a line every millisecond while it loads: its HTTP probe
+    is asked on the backing-off schedule, not once per line (1,600 a second,
+    issue 24); ready after its 1.5 s all the same."""
+    count = tmp_path / "asked"
+    chatty = PROGS / "chatty_http.py"
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(
+        "name: chatty\nunits:\n  srv:\n"
+        f'    cmd: [{sys.executable}, {chatty}, "{{port}}", "1.5", {count}]\n'
+        "    port: auto\n    ready: {http: /health, timeout: 30s}\n"
+    )
+    res = subprocess.run(
+        [*HOLD, "up", "--for", "0.2s", str(stack)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert res.returncode == 0, res.stderr
+    asked = int(count.read_text())
+    # 1.5 s of a schedule from 20 ms growing to 250 ms: about a dozen asks.
+    assert 3 <= asked <= 40, asked

@@ -129,6 +129,9 @@ class Probe:
     """Base: :meth:`check` answers once, within ``limit`` seconds."""
 
     kind = "none"
+    # Whether a line of output may change the answer (the log probe): only such
+    # a probe is asked again as output comes; the others are asked on a schedule.
+    on_output = False
 
     def check(self, tree: Tree, limit: float) -> Answer:
         raise NotImplementedError
@@ -191,6 +194,7 @@ class LogProbe(Probe):
     """Ready once a line of the unit's output matches; :meth:`feed` is called by the reader."""
 
     kind = "log"
+    on_output = True
 
     def __init__(self, pattern: re.Pattern[str]) -> None:
         self.pattern = pattern

@@ -226,7 +226,13 @@ def _wait_done(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
 
 
 def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
-    """Ask the probe (woken by new output) until yes, a fatal no, its timeout, or an exit."""
+    """Ask the probe until yes, a fatal no, its timeout, or an exit.
+
+    On a schedule that backs off (20 ms, growing to 250 ms); new output asks
+    again at once only a probe that reads output (the log probe). A server that
+    logs every request must not be probed for every line it prints (1,600 HTTP
+    probes a second, issue 24).
+    """
     ready = u.spec.ready
     probe = u.probe
     if ready is None or probe is None:
@@ -234,8 +240,11 @@ def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
     deadline = u.spawned_at + ready.timeout
     poller = select.poll()
     poller.register(child.pidfd, select.POLLIN)
-    poller.register(u.wake_r, select.POLLIN)
+    poller.register(u.wake_r, select.POLLIN)  # drained whatever the probe: its writer never waits
     interval = 0.02
+    due = time.monotonic()  # the next scheduled ask
+    said = False  # output came since the last ask
+    answer: readiness.Answer | None = None
     while True:
         if st.abort.is_set():
             return Outcome("aborted", 0, "")
@@ -247,21 +256,24 @@ def _wait_ready(st: StackState, u: Unit, child: Child, tree: Tree) -> Outcome:
                 f"exited with {status_text(code)} before it was ready "
                 f"(after {time.monotonic() - u.spawned_at:.2f}s)",
             )
-        left = deadline - time.monotonic()
-        answer = probe.check(tree, left)
-        u.detail = answer.detail
-        if answer.ok:
-            return Outcome("ready", 0, answer.detail)
-        if answer.fatal:
-            return Outcome("failed", NOT_READY, f"probe {ready.describe()}: {answer.detail}")
+        now = time.monotonic()
+        if now >= due or (said and probe.on_output):
+            answer = probe.check(tree, deadline - now)
+            u.detail = answer.detail
+            if answer.ok:
+                return Outcome("ready", 0, answer.detail)
+            if answer.fatal:
+                return Outcome("failed", NOT_READY, f"probe {ready.describe()}: {answer.detail}")
+            due = time.monotonic() + interval
+            interval = min(interval * 1.5, 0.25)
         left = deadline - time.monotonic()
         if left <= 0:
+            last = answer.detail if answer is not None else "none yet"
             return Outcome(
                 "failed",
                 EXPIRED,
                 f"not ready within {ready.timeout:g}s "
-                f"(probe {ready.describe()}, last answer: {answer.detail})",
+                f"(probe {ready.describe()}, last answer: {last})",
             )
-        poller.poll(min(interval, left) * 1000)
-        drain(u.wake_r)
-        interval = min(interval * 1.5, 0.25)
+        poller.poll(max(0.0, min(due - time.monotonic(), left)) * 1000)
+        said = bool(drain(u.wake_r))
