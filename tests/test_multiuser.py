@@ -447,6 +447,7 @@ def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
 
     busy = world.run(b_user, "run", "-d", "npu", "--no-wait", "-t", "1m", "--", "true")
     assert busy.returncode == 75 and f"user {a_user}" in busy.stderr, busy.stderr
+    assert "held by a private lease" in busy.stderr and "None" not in busy.stderr, busy.stderr
     res = world.run(b_user, "release", tok["lease"])
     assert res.returncode == 2 and f"belongs to {a_user}" in res.stderr, res.stderr
 

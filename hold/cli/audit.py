@@ -153,6 +153,8 @@ def main_audit(
             echo(fit(line, width))
     if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
         return SURVIVORS
+    if kill:
+        return 0  # every stray found was stopped: nothing is left to act on (issue 25)
     return NO if strays else 0
 
 

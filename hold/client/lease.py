@@ -335,8 +335,9 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         since = now - float(h["since"])
         until = format_until(float(h["expires"]), now)
         devs = ",".join(str(d) for d in h["devices"])
+        label = repr(h["label"]) if h.get("label") is not None else "a private lease"
         parts.append(
-            f"{cls}:{devs} held by {h['label']!r} (lease {h['lease']}, pid {h['pid']}, "
+            f"{cls}:{devs} held by {label} (lease {h['lease']}, pid {h['pid']}, "
             f"user {h['user']}) for {format_duration(since)}, {until}"
         )
     blocked = note.get("blocked") or []
