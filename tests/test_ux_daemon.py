@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import select
 import signal
 import subprocess
@@ -18,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import HOLD, daemon_pid, wait_for
+import pytest
+from conftest import HOLD, daemon_pid, update_config, wait_for
 
 NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
 ESC = "\x1b["
@@ -186,3 +188,18 @@ def test_a_console_nobody_reads_never_stops_the_grants(isolated_hold: Path) -> N
         proc.stderr.close()
     log = (state_dir() / "daemon.log").read_text().splitlines()
     assert sum('"event": "granted"' in ln for ln in log) == 150
+
+
+@pytest.mark.parametrize(
+    ("shared", "said"), [(True, "shared daemon of"), (False, "per-user daemon of")]
+)
+def test_status_says_which_kind_of_daemon_serves(
+    isolated_hold: Path, shared: bool, said: str
+) -> None:
+    """A daemon other users may use (``state: {shared: true}``) is not called
+    "per-user" (issue 25)."""
+    update_config(isolated_hold, state={"shared": shared})
+    res = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith(f"arbiter: {said} {pwd.getpwuid(os.geteuid()).pw_name} "), first

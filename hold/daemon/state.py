@@ -108,7 +108,8 @@ class DaemonState:
     def arbiter(self) -> dict[str, Any]:
         """Which arbiter this is: the machine's system daemon, or one user's own."""
         return {
-            "kind": "system" if self.system else "per-user",
+            # "shared": a daemon other users may use (shared: true), not the system's
+            "kind": "system" if self.system else ("shared" if self.shared else "per-user"),
             "state_dir": self.sd.path,
             "pid": os.getpid(),
             "user": user_name(os.geteuid()),

@@ -38,9 +38,8 @@ def status_document(ans: dict[str, Any]) -> dict[str, Any]:
 
 def arbiter_line(ans: dict[str, Any]) -> str:
     arb = ans.get("arbiter") or {}
-    kind = (
-        "system daemon" if arb.get("kind") == "system" else f"per-user daemon of {arb.get('user')}"
-    )
+    kinds = {"system": "system daemon", "shared": f"shared daemon of {arb.get('user')}"}
+    kind = kinds.get(str(arb.get("kind")), f"per-user daemon of {arb.get('user')}")
     return f"arbiter: {kind} (pid {arb.get('pid')}, {arb.get('state_dir')})"
 
 

@@ -70,7 +70,8 @@
 
   function arbiterLine(arb) {
     if (!arb) return "arbiter: unknown";
-    const kind = arb.kind === "system" ? "system daemon" : `per-user daemon of ${arb.user}`;
+    const kind = arb.kind === "system" ? "system daemon"
+      : arb.kind === "shared" ? `shared daemon of ${arb.user}` : `per-user daemon of ${arb.user}`;
     return `arbiter: ${kind} (pid ${arb.pid}, ${arb.state_dir})`;
   }
 
