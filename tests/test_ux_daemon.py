@@ -203,3 +203,35 @@ def test_status_says_which_kind_of_daemon_serves(
     assert res.returncode == 0, res.stderr
     first = res.stdout.splitlines()[0]
     assert first.startswith(f"arbiter: {said} {pwd.getpwuid(os.geteuid()).pw_name} "), first
+
+
+def test_an_autostarted_daemon_is_announced_at_a_terminal(isolated_hold: Path) -> None:
+    """A command that starts a daemon says so, once, where a person reads it (as
+    root with no system daemon, it is the machine's, in /run/hold, for 10
+    minutes: issue 25); piped, nothing is said."""
+    master, slave = os.openpty()
+    try:
+        res = subprocess.run(
+            [str(Path(sys.executable).parent / "npu-hold"), "--", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+            timeout=60,
+        )
+    finally:
+        os.close(slave)
+    try:
+        said = read_until(master, "nothing to do")
+    finally:
+        os.close(master)
+    assert res.returncode == 0
+    pid = daemon_pid(isolated_hold / "state")
+    state = isolated_hold / "state"
+    assert f"started the ticket daemon for {state} (pid {pid})" in said, said
+    again = subprocess.run(
+        [str(Path(sys.executable).parent / "npu-hold"), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and "started the ticket daemon" not in again.stderr

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
+from hold.client.autostart import IDLE_EXIT
 from hold.config import Config
 from hold.devices.classes import DeviceClass
 from hold.errors import HoldError
@@ -111,9 +112,6 @@ def reload(sd: StateDir) -> str:
         raise DaemonCommandError(f"--reload: {ans.get('error')}", int(ans.get("code", TOOL)))
     classes = ", ".join(f"{k} ({v})" for k, v in sorted(ans["classes"].items()))
     return f"reloaded {ans.get('config') or 'the defaults'}: {classes}"
-
-
-IDLE_EXIT = 600.0  # seconds an autostarted daemon waits with nothing to do
 
 
 def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -> int:

@@ -34,6 +34,7 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
                 probe = _try_connect(sd.socket, sd)
                 if probe is not None:
                     probe.close()
+                    _say_started(sd)
                     return
                 if not started:
                     break  # it said it failed: no point waiting out the deadline
@@ -46,6 +47,23 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
         pass
     raise DaemonUnreachable(
         f"started a daemon for {sd.path}, but it did not answer within {timeout:g}s (see {sd.log})"
+    )
+
+
+IDLE_EXIT = 600.0  # seconds an autostarted daemon waits with nothing to do, then leaves
+
+
+def _say_started(sd: StateDir) -> None:
+    """At a terminal, one line: a daemon now runs that the person did not start by
+    hand (as root, the machine's: in /run/hold), and when it goes (issue 25)."""
+    if not sys.stderr.isatty():
+        return
+    pid = sd.daemon_pid()
+    print(
+        f"hold: started the ticket daemon for {sd.path} (pid {pid if pid else '?'}); it "
+        f"leaves after {IDLE_EXIT / 60:g} minutes with nothing to do",
+        file=sys.stderr,
+        flush=True,
     )
 
 
