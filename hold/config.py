@@ -6,7 +6,8 @@ only when a file exists: ``npu-hold``'s start-up time is a benchmark, and
 most machines run on the defaults.
 
 Unknown keys and values of the wrong kind are errors that name the file and
-line, never silently ignored.
+line, never silently ignored; every problem in the file is reported at once
+(:func:`refusal`), as the stack files do.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import stat
 from typing import Any, NamedTuple
 
-from hold_supervisor.parse import BadValue, did_you_mean
+from hold_supervisor.parse import BadValue, did_you_mean, shorten
 
 CGROUP_MODES = ("auto", "off", "required")
 BUSY_MODES = ("wait", "warn")
@@ -117,7 +118,9 @@ def parse_file(path: str) -> Config:
 
     Read by :mod:`hold_supervisor.yamlsafe` (bounded depth, size and aliases,
     strict UTF-8, duplicate keys refused), so nothing in it can make a
-    command run long, grow large or fail after the daemon was asked.
+    command run long, grow large or fail after the daemon was asked. Every
+    problem found is reported, one line each, in file order (:func:`refusal`);
+    only a file that cannot be read as a mapping stops at its first.
     """
     from hold_supervisor.yamlsafe import load_file
 
@@ -126,36 +129,81 @@ def parse_file(path: str) -> Config:
         return Config(path=path)
     top = _mapping(root, path, "the top level")
     values: dict[str, Any] = {"path": path}
+    problems: list[BadValue] = []
     for key, (knode, vnode) in top.items():
         where = f"{path}:{knode.start_mark.line + 1}"
-        if key == "cgroups":
-            values["cgroups"] = _choice(vnode, path, "cgroups", CGROUP_MODES)
-        elif key == "compat":
-            values["home_tokens"] = _flag(vnode, path, "compat", "home_tokens", default=True)
-        elif key == "state":
-            values["shared_state"] = _flag(vnode, path, "state", "shared")
-        elif key == "busy_devices":
-            values["busy_devices"] = _choice(vnode, path, "busy_devices", BUSY_MODES)
-        elif key == "devices":
-            values["devices"] = vnode
-        elif key == "report":
-            values.update(_report(vnode, path))
-        elif key == "scratch":
-            values["scratch_min_free"] = _scratch(vnode, path)
-        else:
-            raise BadValue(
-                "key",
-                key,
-                "one of " + ", ".join(TOP_KEYS) + did_you_mean(key, TOP_KEYS, SYNONYMS),
-                where,
-            )
+        try:
+            if key == "cgroups":
+                values["cgroups"] = _choice(vnode, path, "cgroups", CGROUP_MODES)
+            elif key == "compat":
+                values["home_tokens"] = _flag(
+                    vnode, path, "compat", "home_tokens", problems, default=True
+                )
+            elif key == "state":
+                values["shared_state"] = _flag(vnode, path, "state", "shared", problems)
+            elif key == "busy_devices":
+                values["busy_devices"] = _choice(vnode, path, "busy_devices", BUSY_MODES)
+            elif key == "devices":
+                values["devices"] = vnode
+            elif key == "report":
+                values.update(_report(vnode, path, problems))
+            elif key == "scratch":
+                values["scratch_min_free"] = _scratch(vnode, path, problems)
+            else:
+                raise BadValue(
+                    "key",
+                    key,
+                    "one of " + ", ".join(TOP_KEYS) + did_you_mean(key, TOP_KEYS, SYNONYMS),
+                    where,
+                )
+        except BadValue as e:
+            problems.append(e)
     # The device classes are checked now, whoever reads the file: a typo
     # there is the same error (file:line) for every command, not only those
     # that name a device.
     from hold.devices.classes import classes_from_config
 
-    classes_from_config(values.get("devices"), path)
+    try:
+        classes_from_config(values.get("devices"), path)
+    except BadValue as e:
+        problems.append(e)
+    error = refusal(path, problems)
+    if error is not None:
+        raise error
     return Config(**values)
+
+
+def refusal(path: str | None, problems: list[BadValue]) -> BadValue | None:
+    """One error for every problem found in the file at ``path`` (None if none).
+
+    A problem alone is raised as it is; several become one
+    :class:`hold_supervisor.yamlsafe.YamlError` (the reader's own error for
+    several problems: a :class:`BadValue`, so every caller shows it as it
+    shows one), each problem a ``FILE:LINE: key 'value' is not valid: ...``
+    line, in file order, at most :data:`hold_supervisor.yamlsafe.MAX_PROBLEMS`
+    of them (the rest counted). A problem that is itself such a list is
+    flattened into it.
+    """
+    if not problems:
+        return None
+    if len(problems) == 1:
+        return problems[0]
+    from hold_supervisor.yamlsafe import YamlError
+
+    lines: list[tuple[int | None, str]] = []
+    for e in problems:
+        if isinstance(e, YamlError):
+            lines.extend(e.problems)
+            continue
+        _, _, line = e.where.rpartition(":")
+        lines.append(
+            (
+                int(line) if line.isdigit() else None,
+                f"{e.what} {shorten(e.value)} is not valid: {e.accepted}",
+            )
+        )
+    lines.sort(key=lambda p: p[0] or 0)  # stable: one line's problems stay in order
+    return YamlError(path or "", lines)
 
 
 def _choice(node: Any, path: str, what: str, accepted: tuple[str, ...]) -> str:
@@ -171,67 +219,94 @@ def _choice(node: Any, path: str, what: str, accepted: tuple[str, ...]) -> str:
     return text
 
 
-def _flag(node: Any, path: str, section: str, name: str, *, default: bool = False) -> bool:
-    """``section: {name: true|false}``, the one key such a section has (``default`` if absent)."""
+def _flag(
+    node: Any,
+    path: str,
+    section: str,
+    name: str,
+    problems: list[BadValue],
+    *,
+    default: bool = False,
+) -> bool:
+    """``section: {name: true|false}``, the one key such a section has (``default`` if absent).
+
+    A bad key or value is added to ``problems``; a section that is not a mapping is raised.
+    """
     value = default
     for key, (knode, vnode) in _mapping(node, path, section).items():
         where = f"{path}:{knode.start_mark.line + 1}"
-        if key != name:
-            raise BadValue(f"key {section}.", key, name + did_you_mean(key, (name,)), where)
-        text = _scalar(vnode, path)
-        if text not in ("true", "false"):
-            raise BadValue(f"{section}.{name}", text, "true or false", where)
-        value = text == "true"
+        try:
+            if key != name:
+                raise BadValue(f"key {section}.", key, name + did_you_mean(key, (name,)), where)
+            text = _scalar(vnode, path)
+            if text not in ("true", "false"):
+                raise BadValue(f"{section}.{name}", text, "true or false", where)
+            value = text == "true"
+        except BadValue as e:
+            problems.append(e)
     return value
 
 
-def _report(node: Any, path: str) -> dict[str, Any]:
-    """``report: {labels: true|false, sample: DURATION}`` (see :mod:`hold.daemon.usage`)."""
+def _report(node: Any, path: str, problems: list[BadValue]) -> dict[str, Any]:
+    """``report: {labels: true|false, sample: DURATION}`` (see :mod:`hold.daemon.usage`).
+
+    A bad key or value is added to ``problems``; a section that is not a mapping is raised.
+    """
     from hold_supervisor.parse import parse_duration
 
     out: dict[str, Any] = {}
     for key, (knode, vnode) in _mapping(node, path, "report").items():
         where = f"{path}:{knode.start_mark.line + 1}"
-        if key == "labels":
-            shown = _choice(vnode, path, "report.labels", ("true", "false"))
-            out["report_labels"] = shown == "true"
-        elif key == "sample":
-            out["report_sample"] = parse_duration(
-                _scalar(vnode, path), what="report.sample", plain_unit="seconds", where=where
-            )
-            if not 0.1 <= out["report_sample"] <= 3600:
-                raise BadValue("report.sample", _scalar(vnode, path), "0.1s to 1h", where)
-        else:
-            raise BadValue(
-                "key report.",
-                key,
-                "labels or sample" + did_you_mean(key, ("labels", "sample")),
-                where,
-            )
+        try:
+            if key == "labels":
+                shown = _choice(vnode, path, "report.labels", ("true", "false"))
+                out["report_labels"] = shown == "true"
+            elif key == "sample":
+                sample = parse_duration(
+                    _scalar(vnode, path), what="report.sample", plain_unit="seconds", where=where
+                )
+                if not 0.1 <= sample <= 3600:
+                    raise BadValue("report.sample", _scalar(vnode, path), "0.1s to 1h", where)
+                out["report_sample"] = sample
+            else:
+                raise BadValue(
+                    "key report.",
+                    key,
+                    "labels or sample" + did_you_mean(key, ("labels", "sample")),
+                    where,
+                )
+        except BadValue as e:
+            problems.append(e)
     return out
 
 
-def _scratch(node: Any, path: str) -> int | None:
-    """``scratch: {min_free: SIZE}`` (``500M``, ``2G``; 0: no floor)."""
+def _scratch(node: Any, path: str, problems: list[BadValue]) -> int | None:
+    """``scratch: {min_free: SIZE}`` (``500M``, ``2G``; 0: no floor).
+
+    A bad key or value is added to ``problems``; a section that is not a mapping is raised.
+    """
     from hold_supervisor.stackfile.values import size
 
     out: int | None = None
     for key, (knode, vnode) in _mapping(node, path, "scratch").items():
         where = f"{path}:{knode.start_mark.line + 1}"
-        if key != "min_free":
-            raise BadValue(
-                "key scratch.", key, "min_free" + did_you_mean(key, ("min_free",)), where
-            )
-        text = _scalar(vnode, path)
         try:
-            out = size(text)
-        except ValueError:
-            raise BadValue(
-                "scratch.min_free",
-                text,
-                "a size such as 500M, 2G or 1.5GiB (K, M, G, T are powers of 1024), or 0",
-                where,
-            ) from None
+            if key != "min_free":
+                raise BadValue(
+                    "key scratch.", key, "min_free" + did_you_mean(key, ("min_free",)), where
+                )
+            text = _scalar(vnode, path)
+            try:
+                out = size(text)
+            except ValueError:
+                raise BadValue(
+                    "scratch.min_free",
+                    text,
+                    "a size such as 500M, 2G or 1.5GiB (K, M, G, T are powers of 1024), or 0",
+                    where,
+                ) from None
+        except BadValue as e:
+            problems.append(e)
     return out
 
 

@@ -13,7 +13,7 @@ import glob
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from hold_supervisor.parse import BadValue, did_you_mean
@@ -218,6 +218,7 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
     the daemon for anything: a class name, its keys (a "did you mean" for an
     unknown one), node patterns and holders (absolute, normalised, no control
     characters), variable names (``[A-Za-z_][A-Za-z0-9_]*``, none of hold's own).
+    Every problem found is reported at once (:func:`hold.config.refusal`).
     """
     out = dict(DEFAULT_CLASSES)
     if node is None:
@@ -229,57 +230,92 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
 
     if not isinstance(node, yaml.MappingNode):
         raise BadValue("devices", "(not a mapping)", "a mapping of class names", where(node))
+    problems: list[BadValue] = []
     for knode, vnode in node.value:
         name = str(knode.value)
+        found = len(problems)
         if not _CLASS_NAME.fullmatch(name):
-            raise BadValue(
-                "device class name",
-                name,
-                "lower-case letters, digits and _, starting with a letter, at most 32 characters",
-                where(knode),
+            problems.append(
+                BadValue(
+                    "device class name",
+                    name,
+                    "lower-case letters, digits and _, starting with a letter, "
+                    "at most 32 characters",
+                    where(knode),
+                )
             )
         if not isinstance(vnode, yaml.MappingNode):
-            raise BadValue(
-                f"devices.{name}",
-                "(not a mapping)",
-                "a mapping with nodes, shared_nodes, visible_env, allowed_holders",
-                where(vnode),
+            problems.append(
+                BadValue(
+                    f"devices.{name}",
+                    "(not a mapping)",
+                    "a mapping with nodes, shared_nodes, visible_env, allowed_holders",
+                    where(vnode),
+                )
             )
-        fields: dict[str, tuple[str, ...]] = {}
-        for fk, fv in vnode.value:
-            key = str(fk.value)
-            if key not in _KEYS:
-                raise BadValue(
+            continue
+        fields = _class_fields(name, vnode, where, problems)
+        if "nodes" not in fields and not any(str(fk.value) == "nodes" for fk, _ in vnode.value):
+            problems.append(
+                BadValue(
+                    f"devices.{name}", "(no nodes)", "a class needs nodes: [...]", where(vnode)
+                )
+            )
+        if len(problems) == found:
+            out[name] = DeviceClass(name, **fields)
+    if problems:
+        from hold.config import refusal
+
+        error = refusal(path, problems)
+        assert error is not None
+        raise error
+    return out
+
+
+def _class_fields(
+    name: str, vnode: Any, where: Callable[[Any], str], problems: list[BadValue]
+) -> dict[str, tuple[str, ...]]:
+    """A class's lists, by key; each bad key, list or item is added to ``problems``."""
+    import yaml
+
+    fields: dict[str, tuple[str, ...]] = {}
+    for fk, fv in vnode.value:
+        key = str(fk.value)
+        if key not in _KEYS:
+            problems.append(
+                BadValue(
                     f"key devices.{name}.",
                     key,
                     "one of " + ", ".join(_KEYS) + did_you_mean(key, _KEYS, _SYNONYMS),
                     where(fk),
                 )
-            if not isinstance(fv, yaml.SequenceNode):
-                raise BadValue(
-                    f"devices.{name}.{key}", "(not a list)", "a list of strings", where(fv)
-                )
-            items: list[str] = []
-            for inode in fv.value:
-                if not isinstance(inode, yaml.ScalarNode):
-                    raise BadValue(
+            )
+            continue
+        if not isinstance(fv, yaml.SequenceNode):
+            problems.append(
+                BadValue(f"devices.{name}.{key}", "(not a list)", "a list of strings", where(fv))
+            )
+            continue
+        items: list[str] = []
+        for inode in fv.value:
+            if not isinstance(inode, yaml.ScalarNode):
+                problems.append(
+                    BadValue(
                         f"devices.{name}.{key}",
                         "(a list or mapping)",
                         "a list of strings",
                         where(inode),
                     )
-                item = str(inode.value)
-                why = _item_problem(key, item)
-                if why:
-                    raise BadValue(f"devices.{name}.{key}", item, why, where(inode))
-                items.append(item)
-            fields[key] = tuple(items)
-        if "nodes" not in fields:
-            raise BadValue(
-                f"devices.{name}", "(no nodes)", "a class needs nodes: [...]", where(vnode)
-            )
-        out[name] = DeviceClass(name, **fields)
-    return out
+                )
+                continue
+            item = str(inode.value)
+            why = _item_problem(key, item)
+            if why:
+                problems.append(BadValue(f"devices.{name}.{key}", item, why, where(inode)))
+                continue
+            items.append(item)
+        fields[key] = tuple(items)
+    return fields
 
 
 def classes_from_defs(defs: Mapping[str, Any]) -> dict[str, DeviceClass]:
