@@ -82,7 +82,12 @@ def run_audit(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
     except BadValue as e:
         return _usage(str(e))
     if cls is not None and cls not in classes:
-        return _usage(f"--device {cls!r} is not valid: one of {', '.join(sorted(classes))}")
+        from hold_supervisor.parse import did_you_mean
+
+        known = sorted(classes)
+        return _usage(
+            f"--device {cls!r} is not valid: one of {', '.join(known)}" + did_you_mean(cls, known)
+        )
     if yes and not kill:
         return _usage("--yes only goes with --kill")
     try:

@@ -384,13 +384,19 @@ def ps_cmd(name: str | None, as_json: bool) -> None:
     metavar="DURATION|TIME",
     help="Only lines from then on: 10m, 2h, 17:05, 2026-12-01T17:05.",
 )
+@click.option("--json", "as_json", is_flag=True, help="JSON lines: an object per line (version 1).")
 def logs_cmd(
-    name: str, unit: str | None, follow: bool, lines: int | None, since: str | None
+    name: str,
+    unit: str | None,
+    follow: bool,
+    lines: int | None,
+    since: str | None,
+    as_json: bool,
 ) -> None:
     """The output of stack NAME: every unit's, interleaved by time, or UNIT's."""
     from hold.cli.stack import main_logs
 
-    raise SystemExit(main_logs(name, unit, follow, lines, since))
+    raise SystemExit(main_logs(name, unit, follow, lines, since, as_json))
 
 
 @cli.command("down")

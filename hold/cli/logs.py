@@ -1,15 +1,24 @@
-"""``hold logs NAME [UNIT] [-f] [-n N] [--since DURATION|TIME]``: a stack's logs.
+"""``hold logs NAME [UNIT] [-f] [-n N] [--since DURATION|TIME] [--json]``: a stack's logs.
 
 With UNIT, that unit's log as written (``STAMP STREAM | TEXT``, see
 :mod:`hold_supervisor.unitlog`); without, every unit's interleaved by time, each
 line with its unit after the stamp. ``-n`` keeps the last N lines (of the
 whole view), ``--since`` those from a time on (the rotated files too), ``-f``
 then follows while the stack runs (across rotations). A stack that never ran
-here is exit 1, as for every stack command; a unit it does not have, exit 2.
+here is exit 1, as for every stack command; a unit it does not have, exit 2
+(naming its units, and the closest one).
+
+``--json``: the same lines, chosen the same way, as JSON lines: one object per
+log line, each whole (``version`` 1 in every object, as ``hold ps --json``
+puts it in its document; no header line, so ``-f`` and ``tail`` of the
+output need none): ``stack``, ``unit``, ``ts``, ``stream``, ``text`` (and a
+task record's ``record``), see
+:func:`hold_supervisor.stack.logread.as_record`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -27,6 +36,7 @@ def main_logs(
     follow: bool = False,
     lines: int | None = None,
     since: str | None = None,
+    as_json: bool = False,
 ) -> int:
     from hold_supervisor.stack.logread import parse_since
 
@@ -54,6 +64,7 @@ def main_logs(
             since_stamp,
             follow,
             os.path.join(run_dir, "control.sock"),
+            name if as_json else None,
         )
     except KeyboardInterrupt:
         return OK
@@ -68,8 +79,16 @@ def _show(
     since: str | None,
     follow: bool,
     sock: str,
+    json_of: str | None = None,
 ) -> None:
-    from hold_supervisor.stack.logread import follow_all, merged, read_log, with_unit
+    """Print the lines; as JSON lines of stack ``json_of`` when given."""
+    from hold_supervisor.stack.logread import (
+        as_record,
+        follow_all,
+        merged,
+        read_log,
+        with_unit,
+    )
     from hold_supervisor.unitlog import Follower
 
     texts: dict[str, list[str]] = {}
@@ -81,6 +100,8 @@ def _show(
     width = max((len(u) for u in units), default=0)
 
     def line_of(u: str, line: str) -> str:
+        if json_of is not None:
+            return json.dumps(as_record(json_of, u, line))
         return with_unit(u, line, width) if together else line
 
     shown = [(u, line) for _t, u, line in merged(texts)]

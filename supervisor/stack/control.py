@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hold_supervisor.cause import Cause
 from hold_supervisor.exitcodes import BUSY, OK, SURVIVORS, UNIT_FAILED, USAGE
+from hold_supervisor.parse import did_you_mean
 from hold_supervisor.proc.stop import stop_tree
 from hold_supervisor.spawn.child import owned_pids
 from hold_supervisor.stack.controlsock import Message, Reply
@@ -136,6 +137,8 @@ def _task_to_call(
         tasks = ", ".join(st.tasks) or "none"
         what = "a service, not a task" if name in st.units else "no unit"
         why = f"{name!r} is {what} of stack {st.name} (task units: {tasks})"
+        if isinstance(name, str) and name not in st.units:
+            why += did_you_mean(name, list(st.tasks))
         reply.send({"ev": "error", "code": 2, "errors": [why]}, done=True)
         return None
     if st.phase != "running" or st.cause is not None:
@@ -233,6 +236,10 @@ def _restart(st: StackState, name: str, reply: Reply) -> None:
     u = st.units.get(name)
     if u is None:
         why = f"no unit {name!r} in stack {st.name} (units: {', '.join(st.units)})"
+        if name in st.tasks:
+            why = f"unit {name} is a task: it runs per call (hold call), never restarted"
+        else:
+            why += did_you_mean(name, list(st.units))
         reply.send({"ev": "error", "code": USAGE, "error": why}, done=True)
         return
     if u.spec.kind == "oneshot":

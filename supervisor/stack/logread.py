@@ -120,6 +120,31 @@ def with_unit(unit: str, line: str, width: int) -> str:
     return f"{'-' * STAMP_LEN} {name} ? | {line}"
 
 
+LOGS_VERSION = 1  # the "version" of every object of ``hold logs --json``
+_STREAM_NAMES = {"out": "out", "err": "err", "---": "stack"}
+
+
+def as_record(stack: str, unit: str, line: str) -> dict[str, object]:
+    """A log line as ``hold logs --json`` gives it: ``version``, ``stack``, ``unit``, ``ts`` (the
+    stamp as written, UTC; null for a line without one), ``stream`` (``out``, ``err``,
+    ``stack`` for a line of the stack's own (``---``); ``call`` or ``run`` for a
+    task unit's record, then also in ``record``, parsed; null if unknown) and
+    ``text`` (the line after ``STREAM | ``, or a task record's line as written)."""
+    rec: dict[str, object] = {"version": LOGS_VERSION, "stack": stack, "unit": unit}
+    head = line[:STAMP_LEN]
+    if _STAMP.fullmatch(head) and line[STAMP_LEN : STAMP_LEN + 1] == " ":
+        stream, sep, text = line[STAMP_LEN + 1 :].partition(" | ")
+        if sep and stream in _STREAM_NAMES:
+            return {**rec, "ts": head, "stream": _STREAM_NAMES[stream], "text": text}
+        return {**rec, "ts": head, "stream": None, "text": line[STAMP_LEN + 1 :]}
+    t = stamp_of(line)
+    if t is not None:  # a task unit's record (stamp_of parsed it: an object with ts)
+        body = json.loads(line)
+        kind = "call" if "call" in body else "run"
+        return {**rec, "ts": t, "stream": kind, "text": line, "record": body}
+    return {**rec, "ts": None, "stream": None, "text": line}
+
+
 def follow_all(
     followers: dict[str, Follower],
     emit: Callable[[str, str], None],
