@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, PROGS, update_config, wait_for
+from conftest import HOLD, PROGS, ROOT, update_config, wait_for
 
 from hold_supervisor.width import cut, fit, table
 
@@ -259,3 +259,29 @@ def test_audit_fits_80_columns_at_a_terminal(holders: tuple[int, int]) -> None:
     assert a_line.startswith("fake:0 ") and "STRAY" in a_line and LONG not in a_line
     assert any(ln.startswith("fake: shared nodes only") and f" {b_pid} " in ln for ln in lines)
     assert lines[-1].startswith("2 holder(s), 2 stray")
+
+
+def test_ps_of_a_stack_fits_80_columns_at_a_terminal() -> None:
+    """``hold ps NAME`` was 94-106 wide at 80 columns (issue 25); piped, whole."""
+    up = subprocess.run(
+        [*HOLD, "up", "--detach", str(ROOT / "units" / "serving-stack.yaml")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        code, text = at_terminal([*HOLD, "ps", "serving"])
+        assert code == 0, text
+        assert "UNIT" in text and "model" in text, text
+        assert_fits(text, 80)
+        whole = piped([*HOLD, "ps", "serving"])
+        assert "http /health" in whole.stdout and "when it exits 0" in whole.stdout
+        code, text = at_terminal([*HOLD, "ps"])
+        assert code == 0 and "serving" in text, text
+        assert_fits(text, 80)
+    finally:
+        subprocess.run(
+            [*HOLD, "down", "serving"], stdin=subprocess.DEVNULL, capture_output=True, timeout=120
+        )

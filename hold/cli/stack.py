@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 from hold.cli.down import main_down, main_restart
@@ -36,6 +37,7 @@ from hold.cli.up import main_up
 from hold.cli.validate import main_validate
 from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
 from hold_supervisor.parse import BadValue, format_duration
+from hold_supervisor.width import columns, fit, table
 
 __all__ = [
     "load_checked",
@@ -156,11 +158,10 @@ def _record(name: str) -> dict[str, Any]:
     return rec if isinstance(rec, dict) else {}
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+def _table(rows: list[list[str]], flex: tuple[int, ...] = ()) -> str:
+    """The one table rule (:func:`hold_supervisor.width.table`): at a terminal, within
+    its width, the free-text columns in ``flex`` giving way first; piped, whole."""
+    return "\n".join(table(rows[0], rows[1:], columns(sys.stdout), flex=flex))
 
 
 def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
@@ -187,14 +188,17 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
         pid = supervisor_of(name)
         rows.append([name, str(pid or "?"), "?", "?", "not answering", str(rec.get("file", "?"))])
     rows[1:] = sorted(rows[1:])
-    print(_table(rows))
+    print(_table(rows, flex=(5,)))
 
 
 def _print_stack(s: dict[str, Any]) -> None:
     """``hold ps NAME``: its units, then its running calls."""
     print(
-        f"stack {s['stack']} (pid {s['pid']}, {s['phase']}, up {format_duration(s['uptime'])}) "
-        f"from {s['file']}"
+        fit(
+            f"stack {s['stack']} (pid {s['pid']}, {s['phase']}, up "
+            f"{format_duration(s['uptime'])}) from {s['file']}",
+            columns(sys.stdout),
+        )
     )
     head = ["UNIT", "KIND", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]
     rows = [[*head, "LIVENESS"]]
@@ -216,7 +220,7 @@ def _print_stack(s: dict[str, Any]) -> None:
                 u.get("liveness") or "-",
             ]
         )
-    print(_table(rows))
+    print(_table(rows, flex=(9, 8)))
     if optional:
         print("* not essential: its end is reported, the rest keeps running")
     calls = s.get("calls") or []
