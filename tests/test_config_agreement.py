@@ -88,7 +88,9 @@ def test_a_busy_daemon_with_another_configuration_is_named(tmp_path: Path) -> No
             "run", "-d", "beta", "--", "true", env={**os.environ, "HOLD_CONFIG": str(second)}
         )
         assert res.returncode == 2, res.stderr
-        assert f"(pid {pid}) reads another configuration ({first})" in res.stderr
+        assert f"(pid {pid}) reads another configuration ({first}; this command reads" in (
+            res.stderr
+        )
         assert "alpha lease" in res.stderr and "cannot be replaced" in res.stderr
         assert daemon_pid(state) == pid and holder.poll() is None
     finally:

@@ -235,3 +235,38 @@ def test_an_autostarted_daemon_is_announced_at_a_terminal(isolated_hold: Path) -
         timeout=60,
     )
     assert again.returncode == 0 and "started the ticket daemon" not in again.stderr
+
+
+def test_status_and_a_refusal_say_the_configuration_changed(
+    isolated_hold: Path, tmp_path: Path
+) -> None:
+    """The file edited after the daemon read it (issue 25): ``hold status`` says
+    so, and a command the busy daemon cannot serve names the file and the
+    reload, not "another configuration"."""
+    config = isolated_hold / "config.yaml"
+    ready = tmp_path / "ready"
+    npu_hold = str(Path(sys.executable).parent / "npu-hold")
+    holder = subprocess.Popen(
+        [npu_hold, "--", "sh", "-c", f"touch {ready}; exec sleep 30"],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(ready.exists, 20, what="the holder's command")
+        before = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=60)
+        assert f", reads {config}" in before.stdout.splitlines()[0], before.stdout
+        assert "changed since" not in before.stdout
+        with open(config, "a") as f:
+            f.write("# edited\n")
+        after = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=60)
+        first = after.stdout.splitlines()[0]
+        assert "changed since it read it (hold daemon --reload)" in first, first
+        busy = subprocess.run(
+            [npu_hold, "--no-wait", "--", "true"], capture_output=True, text=True, timeout=60
+        )
+        assert busy.returncode == 2, busy.stderr
+        assert f"read {config} before the file changed" in busy.stderr, busy.stderr
+        assert "hold daemon --reload" in busy.stderr and "another configuration" not in busy.stderr
+    finally:
+        holder.terminate()
+        holder.wait(30)

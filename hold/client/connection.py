@@ -193,11 +193,22 @@ class Client:
         ans = client.request({"op": Op.RETIRE})
         if ans.get("ev") != Ev.RETIRING:
             client.close()
+            from hold.config import config_path
+
+            theirs_path, ours_path = arbiter.get("config"), config_path()
+            if theirs_path is not None and theirs_path == ours_path:
+                what = f"read {theirs_path} before the file changed"
+                hint = "run `hold daemon --reload` to make it read the file again"
+            else:
+                what = (
+                    f"reads another configuration ({theirs_path or 'the defaults'}; this "
+                    f"command reads {ours_path or 'the defaults'})"
+                )
+                hint = "`hold daemon --reload` makes it read its file again"
             raise ConfigMismatch(
-                f"the ticket daemon for {sd.path} (pid {arbiter.get('pid')}) reads another "
-                f"configuration ({arbiter.get('config') or 'the defaults'}) and cannot be "
-                f"replaced now: {ans.get('error')}. Wait for its leases to end, or run "
-                "`hold daemon --reload` if you changed the file it reads"
+                f"the ticket daemon for {sd.path} (pid {arbiter.get('pid')}) {what}, and "
+                f"cannot be replaced now: {ans.get('error')}. Wait for its leases to end, "
+                f"or {hint}"
             )
         client.close()
         _wait_gone(int(ans["pid"]), timeout)

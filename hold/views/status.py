@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from hold.config import fingerprint
 from hold_supervisor.parse import format_when, time_left
 from hold_supervisor.width import columns, fit, table
 
@@ -40,7 +41,11 @@ def arbiter_line(ans: dict[str, Any]) -> str:
     arb = ans.get("arbiter") or {}
     kinds = {"system": "system daemon", "shared": f"shared daemon of {arb.get('user')}"}
     kind = kinds.get(str(arb.get("kind")), f"per-user daemon of {arb.get('user')}")
-    return f"arbiter: {kind} (pid {arb.get('pid')}, {arb.get('state_dir')})"
+    config = arb.get("config")
+    reads = f", reads {config}" if config else ", reads no file (the defaults)"
+    if config and arb.get("config_digest") and fingerprint(str(config)) != arb["config_digest"]:
+        reads += " -- changed since it read it (hold daemon --reload)"
+    return f"arbiter: {kind} (pid {arb.get('pid')}, {arb.get('state_dir')}){reads}"
 
 
 def _label(h: dict[str, Any]) -> str:
