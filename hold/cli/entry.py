@@ -95,9 +95,7 @@ def npu_main() -> int:
         from hold.cli.completion import complete_program
 
         return complete_program("npu-hold")
-    from hold.cli.run import main_run
-
-    return _quick_exit(main_run(sys.argv[1:], prog="npu-hold", device="npu"))
+    return _quick_exit(_run_as("npu-hold", "npu"))
 
 
 def gpu_main() -> int:
@@ -105,9 +103,21 @@ def gpu_main() -> int:
         from hold.cli.completion import complete_program
 
         return complete_program("gpu-hold")
-    from hold.cli.run import main_run
+    return _quick_exit(_run_as("gpu-hold", "gpu"))
 
-    return _quick_exit(main_run(sys.argv[1:], prog="gpu-hold", device="gpu"))
+
+def _run_as(prog: str, device: str) -> int:
+    """``npu-hold`` / ``gpu-hold``: an error of either package that got this far is
+    said as ``main`` says it, under the program's own name, never a traceback."""
+    from hold.cli.run import main_run
+    from hold.errors import HoldError
+    from hold_supervisor.errors import SupervisorError
+
+    try:
+        return main_run(sys.argv[1:], prog=prog, device=device)
+    except (HoldError, SupervisorError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 def _quick_exit(code: int) -> int:

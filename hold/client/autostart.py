@@ -59,8 +59,10 @@ def _say_started(sd: StateDir) -> None:
     if not sys.stderr.isatty():
         return
     pid = sd.daemon_pid()
+    prog = os.path.basename(sys.argv[0])
     print(
-        f"hold: started the ticket daemon for {sd.path} (pid {pid if pid else '?'}); it "
+        f"{prog if prog in ('hold', 'npu-hold', 'gpu-hold') else 'hold'}: started the "
+        f"ticket daemon for {sd.path} (pid {pid if pid else '?'}); it "
         f"leaves after {IDLE_EXIT / 60:g} minutes with nothing to do",
         file=sys.stderr,
         flush=True,
