@@ -487,19 +487,9 @@ def _daemon_pid(sd: StateDir, sock: Socket | None) -> str:
     """Who serves ``sd``, for a message: the peer of our connection (the kernel
     says), else the pid in the daemon's lock file; ``?`` if neither says."""
     pid = peer_pid(sock) if sock is not None else None
-    if pid is not None:
-        return str(pid)
-    try:  # never through a link, never waiting (a FIFO planted there)
-        fd = os.open(sd.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return "?"
-    try:
-        text = os.read(fd, 32).decode(errors="replace").strip()
-    except OSError:
-        return "?"
-    finally:
-        os.close(fd)
-    return text if text.isdigit() else "?"
+    if pid is None:
+        pid = sd.daemon_pid()
+    return str(pid) if pid is not None else "?"
 
 
 def _state_hint(pid: str) -> str:

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, NoReturn
 from hold.devices.classes import DeviceClass
 from hold.devices.scancache import ScanCache
 from hold_supervisor.proc import scan as procscan
-from hold_supervisor.proc.scan import KTHREADD, kernel_threads, kthreadd_children, read_maps
+from hold_supervisor.proc.scan import KTHREADD, kernel_threads, kthreadd_children, read_raw
 
 # A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
 # for the node's own inode (how a mapping names it, and how a regular file
@@ -159,7 +159,7 @@ class _Matcher:
         ], denied
 
     def _mapped(self, pid: int) -> list[Target]:
-        data = read_maps(pid)
+        data = read_raw(pid, "maps")
         if not data:
             return []
         out = [t for needle, t in self.map_needles if needle in data]

@@ -314,7 +314,8 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
     descendant, say, or killed by that stop's survivor check) is reported as
     such -- what was done to it, and with whose tree -- not as "already gone".
     """
-    daemon = _daemon_pids(sd)
+    pid = sd.daemon_pid()
+    daemon = {pid} if pid is not None else set()
     me = os.getpid()
     callers = {me} | {a.pid for a in procscan.ancestors(me)}
     covered = frozenset(r["pid"] for r in doc["holders"] if r["covered"])
@@ -336,19 +337,6 @@ def kill_strays(doc: dict[str, Any], sd: StateDir, grace: float) -> list[dict[st
             continue
         results.append(_stop_stray(r, st, covered | frozenset(daemon), grace, ended))
     return results
-
-
-def _daemon_pids(sd: StateDir) -> set[int]:
-    """The daemon's pid, from its lock file (empty if there is none)."""
-    daemon: set[int] = set()
-    try:
-        with open(sd.lock, "rb") as f:
-            text = f.read().strip()
-        if text.isdigit():
-            daemon.add(int(text))
-    except OSError:
-        pass
-    return daemon
 
 
 def _never_stopped(

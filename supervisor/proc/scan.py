@@ -106,36 +106,6 @@ def read_raw(pid: int | str, name: str) -> bytes:
         os.close(fd)
 
 
-def read_maps(pid: int) -> bytes:
-    """``/proc/PID/maps``, as :func:`read_raw` reads it (PermissionError raised,
-    ``b""`` if gone).
-
-    Its own copy of :func:`read_raw`'s body rather than a call of it: a scan
-    for the holders of a device node (benchmarked) reads this once per process
-    on the machine, and one more Python call per process is what it was tuned
-    to avoid.
-    """
-    try:
-        fd = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
-    except PermissionError:
-        raise
-    except OSError:
-        return b""
-    try:
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, 262144)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    except PermissionError:
-        raise
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
 def status_line(pid: int | str, key: bytes) -> bytes | None:
     """The first line of ``/proc/PID/status`` that starts with ``key`` (``b"NSpid:"``),
     whole; None if it has none. Raises :class:`OSError` if it may not be read."""
@@ -607,7 +577,6 @@ __all__ = [
     "listeners",
     "pid_cursor",
     "pids",
-    "read_maps",
     "read_raw",
     "snapshot",
     "socket_owners",
