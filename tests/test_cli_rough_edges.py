@@ -120,11 +120,14 @@ def test_logs_json_as_the_text_form_chooses_lines(tmp_path: Path) -> None:
         out = tmp_path / "follow.out"
         with out.open("w") as f:
             follower = subprocess.Popen(
-                [*HOLD, "logs", "lj", "--json", "-f", "-n", "0"],
+                [*HOLD, "logs", "lj", "--json", "-f", "-n", "1"],
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.DEVNULL,
             )
+        # Its last line printed: it follows now (a restart before that would be
+        # written before it looked, and -f shows only what comes after).
+        wait_for(lambda: out.read_text().count("\n") >= 1, 10, what="the follower to start")
         rs = hold("restart", "lj", "a")
         assert rs.returncode == 0, rs.stderr
 
