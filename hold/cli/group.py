@@ -178,6 +178,47 @@ def status_cmd(as_json: bool) -> None:
     main_status(_client().request({"op": Op.STATUS}), as_json)
 
 
+@cli.command("top")
+@click.option(
+    "-d",
+    "--delay",
+    default="2",
+    show_default=True,
+    metavar="SECONDS",
+    help="Time between frames: 2, 0.5, 500ms, 1m (at least 100ms).",
+)
+@click.option(
+    "-n",
+    "--iterations",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Exit after N frames (default: at a terminal, until q; piped, 1).",
+)
+def top_cmd(delay: str, iterations: int | None) -> None:
+    """A live view: devices (holder, time left, queue, GPU use), leases and stack
+    units (CPU, memory), and strays in red. q quits, space refreshes.
+
+    Not at a terminal, it prints N frames (-n, 1 by default) as plain lines.
+    It never starts a daemon: with none, it says so and asks again.
+    """
+    import signal
+
+    from hold.cli.interrupt import Interrupted, interrupting
+    from hold.cli.stack import running_stacks
+    from hold.views.top import main_top, parse_delay
+
+    try:
+        seconds = parse_delay(delay)
+    except BadValue as e:
+        _fail(str(e))
+    try:
+        with interrupting((signal.SIGTERM, signal.SIGHUP)):
+            code = main_top(_state_dir(), _classes()[1], running_stacks, seconds, iterations)
+    except Interrupted as e:  # the terminal is back already (curses.wrapper)
+        code = 128 + e.signum
+    raise SystemExit(code)
+
+
 @cli.command("web")
 @click.option(
     "--listen",

@@ -48,6 +48,7 @@ __all__ = [
     "main_up",
     "main_validate",
     "run_dir_of",
+    "running_stacks",
     "say",
 ]
 
@@ -63,7 +64,7 @@ def main_ps(name: str | None, as_json: bool) -> int:
     silent: list[str] = []
     try:
         if name is None:
-            stacks, silent = _running_stacks()
+            stacks, silent = running_stacks()
         else:
             try:
                 ans = ask(name, {"op": "ps"}, timeout=PS_WAIT)
@@ -114,7 +115,7 @@ def public(ans: dict[str, Any]) -> dict[str, Any]:
     return {"version": PS_VERSION, **{k: v for k, v in ans.items() if k not in _WIRE}}
 
 
-def _running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
+def running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
     """The running stacks' ``ps`` answers, and the names of those that did not
     answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
     stack costs that wait once, not once per stack)."""

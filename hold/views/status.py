@@ -79,7 +79,7 @@ def status_lines(ans: dict[str, Any]) -> list[str]:
                 until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["expires"]))
                 line += f"  since {since} ({int(now - h['since'])}s)  until {until}"
             out.append(line + (" via another daemon" if h["state"] == "elsewhere" else ""))
-        out += [f"{'':<8} {q}" for q in _queue(info)]
+        out += [f"{'':<8} {q}" for q in queue_lines(info)]
     return out
 
 
@@ -102,7 +102,7 @@ def status_table(ans: dict[str, Any], width: int) -> list[str]:
                 since = format_when(h["since"], now)
             label = _label(h) + (" via another daemon" if h["state"] == "elsewhere" else "")
             rows.append([name, state, h["lease"], h["user"], str(h["pid"]), until, since, label])
-        queues[len(rows)] = _queue(info)
+        queues[len(rows)] = queue_lines(info)
     lines = table(HEAD, rows, width, flex=(7, 6))
     out = lines[:1]
     for n, line in enumerate(lines[1:], 1):
@@ -111,7 +111,8 @@ def status_table(ans: dict[str, Any], width: int) -> list[str]:
     return out
 
 
-def _queue(info: dict[str, Any]) -> list[str]:
+def queue_lines(info: dict[str, Any]) -> list[str]:
+    """A class's line of waiting requests, one sentence each (``queue 1: ...``)."""
     out = []
     for n, w in enumerate(info["queue"], 1):
         what = ",".join(map(str, w["indices"])) if w["indices"] else f"{w['count']} device(s)"
