@@ -445,3 +445,31 @@ def test_bad_options_are_refused_by_name(args: list[str], said: str) -> None:
     assert res.returncode == 2 and said in res.stderr, res.stderr
     assert res.stdout == ""
     assert daemon_pid(Path(os.environ["HOLD_STATE_DIR"])) is None
+
+
+def test_piped_it_lists_the_running_stacks_units(tmp_path: Path) -> None:
+    """A detached stack's units, as ``hold ps`` has them (usage ``-`` until it carries it)."""
+    speaks = "import sys, time; print('READY', file=sys.stderr, flush=True); time.sleep(60)"
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(
+        f'name: tp\nunits:\n  svc:\n    cmd: [{PY}, -c, "{speaks}"]\n'
+        '    ready: {log: "READY"}\n    stop: {grace: 2s}\n'
+    )
+    up = subprocess.run(
+        [*HOLD, "up", "--detach", str(stack)], stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    try:
+        ps = json.loads(subprocess.run([*HOLD, "ps", "tp", "--json"], capture_output=True).stdout)
+        (unit,) = ps["units"]
+        res = _top()
+        assert res.returncode == 0, res.stderr
+        row = re.search(r"^tp +svc +(\S+) +(\d+) +\S+ +(\S+) +(\S+) +(\S+)$", res.stdout, re.M)
+        assert row is not None, res.stdout
+        assert row.group(1) == "ready" and int(row.group(2)) == unit["pid"]
+        if unit.get("usage") is None:
+            assert row.groups()[2:] == ("-", "-", "-")
+    finally:
+        down = subprocess.run([*HOLD, "down", "tp"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr

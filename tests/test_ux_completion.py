@@ -112,6 +112,8 @@ def test_subcommands_and_options() -> None:
     assert "completion" in complete("hold", [""])
     assert complete("hold", ["check", "--dev"]) == ["--device"]
     assert complete("hold", ["audit", "--j"]) == ["--json"]
+    assert complete("hold", ["to"]) == ["top"]
+    assert complete("hold", ["top", "--"]) == ["--delay", "--iterations", "--help"]
 
 
 def test_device_classes_from_the_configuration(own_classes: list[str]) -> None:

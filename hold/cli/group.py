@@ -204,7 +204,7 @@ def top_cmd(delay: str, iterations: int | None) -> None:
     import signal
 
     from hold.cli.interrupt import Interrupted, interrupting
-    from hold.cli.stack import running_stacks
+    from hold.cli.stackdir import running_stacks
     from hold.views.top import main_top, parse_delay
 
     try:

@@ -30,6 +30,7 @@ from hold.cli.stackdir import (
     not_answering,
     open_sd,
     run_dir_of,
+    running_stacks,
     say,
     supervisor_of,
 )
@@ -113,40 +114,6 @@ _WIRE = ("ev", "done")  # the control channel's framing, not the stack's state
 def public(ans: dict[str, Any]) -> dict[str, Any]:
     """A stack's ``ps`` answer as ``hold ps --json`` shows it: versioned, no framing."""
     return {"version": PS_VERSION, **{k: v for k, v in ans.items() if k not in _WIRE}}
-
-
-def running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
-    """The running stacks' ``ps`` answers, and the names of those that did not
-    answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
-    stack costs that wait once, not once per stack)."""
-    import threading
-
-    from hold_supervisor.stack.controlsock import NoAnswer, request
-
-    base = open_sd().stacks()
-    socks = {
-        name: path
-        for name in sorted(os.listdir(base))
-        if os.path.exists(path := os.path.join(base, name, "control.sock"))
-    }
-    answers: dict[str, dict[str, Any] | None] = {}
-
-    def one(name: str) -> None:
-        try:
-            answers[name] = request(socks[name], {"op": "ps"}, timeout=PS_WAIT)
-        except NoAnswer:
-            answers[name] = None
-        except (OSError, ValueError):
-            pass  # not running (a dead stack's socket), or not a stack's answer
-
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in socks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()  # each ends within its request's deadlines
-    out = [a for n in socks if (a := answers.get(n)) is not None]
-    silent = [n for n in socks if n in answers and answers[n] is None]
-    return out, silent
 
 
 def _record(name: str) -> dict[str, Any]:

@@ -161,3 +161,37 @@ def not_answering(name: str, pid: int | None, waited: float) -> str:
     """Who did not answer, and for how long: the start of every such message."""
     who = f"the supervisor of stack {name}" + (f" (pid {pid})" if pid is not None else "")
     return f"{who} did not answer in {waited:g} s{stopped_text(pid)}"
+
+
+def running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
+    """The running stacks' ``ps`` answers, and the names of those that did not
+    answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
+    stack costs that wait once, not once per stack)."""
+    import threading
+
+    from hold_supervisor.stack.controlsock import NoAnswer, request
+
+    base = open_sd().stacks()
+    socks = {
+        name: path
+        for name in sorted(os.listdir(base))
+        if os.path.exists(path := os.path.join(base, name, "control.sock"))
+    }
+    answers: dict[str, dict[str, Any] | None] = {}
+
+    def one(name: str) -> None:
+        try:
+            answers[name] = request(socks[name], {"op": "ps"}, timeout=PS_WAIT)
+        except NoAnswer:
+            answers[name] = None
+        except (OSError, ValueError):
+            pass  # not running (a dead stack's socket), or not a stack's answer
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()  # each ends within its request's deadlines
+    out = [a for n in socks if (a := answers.get(n)) is not None]
+    silent = [n for n in socks if n in answers and answers[n] is None]
+    return out, silent
