@@ -254,6 +254,7 @@ class Terminal:
             ";", "set-option", "-t", "t", "remain-on-exit", "on",
         )  # fmt: skip
         self.server = int(self.tmux("display-message", "-p", "-t", "t", "#{pid}"))
+        self.socket = self.tmux("display-message", "-p", "-t", "t", "#{socket_path}")
 
     def tmux(self, *args: str) -> str:
         assert TMUX is not None
@@ -297,6 +298,8 @@ class Terminal:
             [TMUX or "tmux", "-L", self.name, "kill-server"], capture_output=True, timeout=10
         )
         wait_for(lambda: not alive(self.server), 10, 0.02, "the tmux server's end")
+        if Path(self.socket).is_socket():  # tmux leaves it behind; the name is this test's
+            os.unlink(self.socket)
 
 
 def _quote(arg: str) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hold.devices.classes import DeviceClass
+from hold.errors import HoldError
 from hold.statedir import StateDir
 from hold.views.topframe import DIM, HEAD, RED, Line, Snapshot, frame
 from hold_supervisor.parse import BadValue, parse_duration
@@ -38,6 +39,11 @@ DEFAULT_DELAY = 2.0  # seconds between frames, as nvitop
 MIN_DELAY = 0.1  # below this the daemon would be asked for little gain
 STRAY_MIN = 10.0  # the scan of every process: at most this often
 KEY_WAIT_MS = 100  # how long a key is waited for before the loop looks again
+
+# What an ask that failed raises: the daemon unreachable or silent (HoldError,
+# TimeoutError), a socket's error, a refused answer or path (ValueError: BadValue,
+# UnsafePath; ProtocolError is a HoldError). Said in the view, never a traceback.
+FAILED = (OSError, ValueError, HoldError)
 
 # stacks: the running stacks' ps answers and the names of those that did not answer
 StacksOf = Callable[[], tuple[list[dict[str, Any]], list[str]]]
@@ -63,20 +69,13 @@ class Sources:
         self.sd, self.classes, self.stacks_of = sd, classes, stacks
 
     def status(self) -> dict[str, Any]:
-        """The daemon's ``status`` answer; :class:`OSError` saying why there is none."""
-        from hold.client.connection import Client, DaemonUnreachable
-        from hold.protocol import ProtocolError
+        """The daemon's ``status`` answer (none is started); one of :data:`FAILED` if none."""
+        from hold.client.connection import Client
+        from hold.protocol import Op
 
+        client = Client.connect(self.sd, autostart=False)
         try:
-            client = Client.connect(self.sd, autostart=False)
-        except DaemonUnreachable as e:
-            raise OSError(str(e)) from None
-        try:
-            from hold.protocol import Op
-
             ans: dict[str, Any] = client.request({"op": Op.STATUS})
-        except (DaemonUnreachable, ProtocolError, TimeoutError) as e:
-            raise OSError(str(e)) from None
         finally:
             client.close()
         return ans
@@ -107,16 +106,14 @@ class Feed:
 
     def poll_status(self) -> None:
         """Ask the daemon and the stacks once (each within its deadline)."""
-        from hold.errors import HoldError
-
         try:
             ans, err = self.sources.status(), None
-        except (OSError, HoldError) as e:
+        except FAILED as e:
             ans, err = None, str(e) or type(e).__name__
         try:
             stacks, silent = self.sources.stacks()
             stacks_err = None
-        except (OSError, ValueError, HoldError) as e:
+        except FAILED as e:
             stacks, silent, stacks_err = [], [], str(e) or type(e).__name__
         with self.lock:
             if ans is not None:
@@ -129,11 +126,9 @@ class Feed:
 
     def poll_audit(self) -> None:
         """Scan for strays once."""
-        from hold.errors import HoldError
-
         try:
             doc, err = self.sources.audit(), None
-        except (OSError, HoldError) as e:
+        except FAILED as e:
             doc, err = None, str(e) or type(e).__name__
         with self.lock:
             if doc is not None:
@@ -178,7 +173,13 @@ def main_top(
     ``iterations`` plain frames (one by default). 0."""
     feed = Feed(Sources(sd, classes, stacks), delay)
     if not (os.isatty(sys.stdin.fileno()) and os.isatty(sys.stdout.fileno())):
-        return _plain(feed, 1 if iterations is None else iterations)
+        try:
+            return _plain(feed, 1 if iterations is None else iterations)
+        except KeyboardInterrupt:
+            return 0
+        except BrokenPipeError:  # its reader is gone (| head): nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+            return 0
     import curses
     import locale
 
