@@ -19,6 +19,9 @@ frame and exits):
 
 Byte code is cached in a temporary ``PYTHONPYCACHEPREFIX``, filled by a
 warm-up round. Prints a markdown table: median and p90 in ms, runs, the machine.
+And the import alone, timed inside a fresh interpreter each run (the least
+of the runs beside the median: on a loaded machine the least is the cost,
+the rest is waiting for a CPU): ``curses``, and ``rich``'s with ``--rich``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,21 @@ def _wait_file(path: Path, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"{path}: no holder within {timeout}s")
         time.sleep(0.02)
+
+
+IMPORT_TIMER = "import time; t = time.perf_counter(); import {mods}; print(time.perf_counter() - t)"
+
+
+def _import_s(mods: str, env: dict[str, str]) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_TIMER.format(mods=mods)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return float(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
             for n in names:  # warm-up: byte code, page cache
                 _time(cases[n], envs[n])
             samples: dict[str, list[float]] = {n: [] for n in names}
+            imports = {"curses": env}
+            if args.rich:
+                imports["rich.live, rich.table, rich.console"] = envs[names[-1]]
+            imported: dict[str, list[float]] = {m: [] for m in imports}
             for r in range(args.runs):
                 for n in names[r % len(names) :] + names[: r % len(names)]:
                     samples[n].append(_time(cases[n], envs[n]))
+                for m, m_env in imports.items():
+                    imported[m].append(_import_s(m, m_env))
         finally:
             lease.send_signal(signal.SIGTERM)
             stray.kill()
@@ -129,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         med = median(samples[n])
         p90 = percentile(samples[n], 90)
         print(f"| `{n}` | {med * 1000:.1f} | {p90 * 1000:.1f} | {(med - base) * 1000:+.1f} |")
+    print("\n| import, in-process | least ms | median ms |")
+    print("| --- | ---: | ---: |")
+    for m, got in imported.items():
+        print(f"| `import {m}` | {min(got) * 1000:.1f} | {median(got) * 1000:.1f} |")
     return 0
 
 
