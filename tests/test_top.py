@@ -398,6 +398,19 @@ def test_without_a_daemon_the_view_says_so_and_starts_none(
     assert daemon_pid(Path(os.environ["HOLD_STATE_DIR"])) is None
 
 
+@needs_tmux
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_gives_the_terminal_back(terminal: Callable[..., Terminal], sig: int) -> None:
+    term = terminal(top_argv("-d", "0.2"), 100, 30)
+    term.wait_screen(r"^STRAYS  none")
+    shell = int(term.tmux("display-message", "-p", "-t", "t", "#{pane_pid}"))
+    children = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+    (top,) = [int(c) for c in children]
+    os.kill(top, sig)
+    assert term.ended() == 128 + sig
+    wait_for(lambda: "hold top" not in term.screen(), 10, 0.05, "the terminal's own screen back")
+
+
 # --------------------------------------------------------------------------
 # Not at a terminal.
 
