@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from conftest import HOLD, PROGS, alive, daemon_pid, update_config, wait_for
+from test_multiuser import system, world  # noqa: F401 (fixtures: the system daemon, two users)
 
 from hold.views.topframe import HEAD, PLAIN, RED, Line, Snapshot, frame
 
@@ -489,3 +490,26 @@ def test_piped_it_lists_the_running_stacks_units(tmp_path: Path) -> None:
     finally:
         down = subprocess.run([*HOLD, "down", "tp"], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
+
+
+# --------------------------------------------------------------------------
+# Another user's view (real unprivileged users, the system daemon in a /run of its own).
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making users needs root")
+def test_another_users_view_hides_a_private_label(system: Any) -> None:  # noqa: F811
+    w, _ns, _daemon = system
+    a_user, b_user = w.users
+    w.start(
+        a_user, "run", "-d", "npu", "-l", "A-secret", "--private", "-t", "1m", "--",
+        *w.gated("A", "--wait"), name="A",
+    )  # fmt: skip
+    w.ready("A")
+    seen = w.run(b_user, "top")
+    assert seen.returncode == 0, seen.stderr
+    row = re.search(rf"^npu:0 +active +\S+ +{a_user} .*\(private\)$", seen.stdout, re.M)
+    assert row is not None, seen.stdout
+    assert "A-secret" not in seen.stdout
+    assert re.search(r"^STRAYS  ", seen.stdout, re.M), seen.stdout  # the scan ran as b
+    own = w.run(a_user, "top")
+    assert own.returncode == 0 and "'A-secret'" in own.stdout, own.stdout
