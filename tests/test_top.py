@@ -400,6 +400,13 @@ def test_without_a_daemon_the_view_says_so_and_starts_none(
 
 
 @needs_tmux
+def test_at_a_terminal_n_frames_end_the_view(terminal: Callable[..., Terminal]) -> None:
+    term = terminal(top_argv("-n", "3", "-d", "0.2"), 100, 30)
+    assert term.ended() == 0
+    wait_for(lambda: "hold top" not in term.screen(), 10, 0.05, "the terminal's own screen back")
+
+
+@needs_tmux
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_gives_the_terminal_back(terminal: Callable[..., Terminal], sig: int) -> None:
     term = terminal(top_argv("-d", "0.2"), 100, 30)
