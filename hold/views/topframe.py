@@ -62,7 +62,8 @@ def frame(
     stray_every: float,
 ) -> list[Line]:
     """The lines of one frame: at most ``height`` of them (the last saying how many
-    did not fit), each within ``width`` columns; None: whole (piped)."""
+    did not fit), each within ``width`` columns. ``height`` None: a plain frame
+    (piped), whole, without the live view's key hints."""
     lines = [
         Line(
             fit(
