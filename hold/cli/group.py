@@ -329,14 +329,14 @@ def metrics_cmd(output: str | None) -> None:
     leased, holder, waiters, lease age, strays; per class grants, expiries, waits."""
     from hold.views.audit import build_report
     from hold.views.metrics import main_metrics
-    from hold_supervisor.safefile import UnsafePath
+    from hold_supervisor.safefile import UnsafePath, WriteFailed
 
     _, classes = _classes()
     ans = _client().request({"op": Op.STATUS})
     try:
         raise SystemExit(main_metrics(ans, build_report(_state_dir(), classes, None), output))
-    except (UnsafePath, OSError) as e:
-        _fail(f"cannot write {output}: {e}")
+    except (UnsafePath, WriteFailed) as e:  # each names the file it could not write
+        _fail(str(e))
 
 
 @cli.command("up")
