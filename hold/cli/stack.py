@@ -37,6 +37,7 @@ from hold.cli.up import main_up
 from hold.cli.validate import main_validate
 from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
 from hold_supervisor.parse import BadValue, format_duration
+from hold_supervisor.stack.wire import StackOp
 from hold_supervisor.width import columns, fit, table
 
 __all__ = [
@@ -66,7 +67,7 @@ def main_ps(name: str | None, as_json: bool) -> int:
             stacks, silent = _running_stacks()
         else:
             try:
-                ans = ask(name, {"op": "ps"}, timeout=PS_WAIT)
+                ans = ask(name, {"op": StackOp.PS}, timeout=PS_WAIT)
             except NoAnswer:
                 ans = None
                 silent = [name]
@@ -132,7 +133,7 @@ def _running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
 
     def one(name: str) -> None:
         try:
-            answers[name] = request(socks[name], {"op": "ps"}, timeout=PS_WAIT)
+            answers[name] = request(socks[name], {"op": StackOp.PS}, timeout=PS_WAIT)
         except NoAnswer:
             answers[name] = None
         except (OSError, ValueError):
