@@ -29,6 +29,7 @@ import fcntl
 import os
 import stat
 
+from hold_supervisor.errors import SupervisorError
 from hold_supervisor.parse import BadValue
 
 __all__ = [
@@ -59,10 +60,10 @@ class UnsafePath(BadValue):
         self.path = path
 
 
-class WriteFailed(OSError):
+class WriteFailed(SupervisorError, OSError):
     """Writing a whole file failed: said of the file asked for, not of its temp file.
 
-    An ``OSError`` still (``errno`` kept), whose text reads
+    An ``OSError`` still (``errno`` kept; exit 125 where it ends a command), whose text reads
     ``cannot write PATH: permission denied`` rather than an errno and the
     random name of a temp file the caller never asked for.
     """
