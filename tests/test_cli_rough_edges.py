@@ -235,3 +235,17 @@ def test_write_failed_keeps_the_errno_and_the_asked_for_name(tmp_path: Path) -> 
     else:
         raise AssertionError("write_in_dir replaced a directory")
     assert [p.name for p in (tmp_path / "d").iterdir()] == ["f"]  # no temp file left
+
+
+def test_errors_are_said_under_the_commands_name() -> None:
+    """As ``hold ps:`` and ``npu-hold:`` do: ``hold release:``, not ``hold:``."""
+    cases = [
+        (["release", "123"], "hold release: "),
+        (["report", "--since", "bogus"], "hold report: "),
+        (["audit", "--device", "nosuch"], "hold audit: "),
+        (["web", "--listen", "nowhere:x"], "hold web: "),
+    ]
+    for args, prefix in cases:
+        out = subprocess.run([*HOLD, *args], capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0, (args, out.stderr)
+        assert out.stderr.startswith(prefix), (args, out.stderr)

@@ -106,7 +106,7 @@ def run_audit(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
 
 
 def _usage(msg: str) -> int:
-    echo(f"hold: {msg}", err=True)
+    echo(f"hold audit: {msg}", err=True)
     return USAGE
 
 
@@ -139,7 +139,7 @@ def main_audit(
     asked = kill and strays and not yes
     if asked:
         if not sys.stdin.isatty():
-            echo("hold: --kill without --yes needs a terminal to ask at", err=True)
+            echo("hold audit: --kill without --yes needs a terminal to ask at", err=True)
             return USAGE
         echo(render_table(doc, width))
         answer = _confirm(f"Stop the trees of {len(strays)} stray holder(s)?")

@@ -24,8 +24,13 @@ def main(argv: list[str] | None = None) -> int:
         # The one place an error of either package becomes an exit status: bad
         # input found deep down is still exit 2, a tool failure 125, never a
         # traceback.
-        print(f"hold: {e}", file=sys.stderr)
+        print(f"{_prog(argv if argv is not None else sys.argv[1:])}: {e}", file=sys.stderr)
         return e.exit_code
+
+
+def _prog(argv: list[str]) -> str:
+    """The name an error is said under: ``hold status``, ``hold`` before a command."""
+    return f"hold {argv[0]}" if argv and argv[0].isalpha() else "hold"
 
 
 def _main(argv: list[str]) -> int:

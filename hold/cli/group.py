@@ -55,8 +55,14 @@ def run_cmd(args: tuple[str, ...]) -> None:
     raise SystemExit(main_run(list(args)))
 
 
+def _prog() -> str:
+    """The command's name, as errors are said under it: ``hold release``."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.command_path if ctx is not None else "hold"
+
+
 def _fail(msg: str, code: int = USAGE) -> None:
-    click.echo(f"hold: {msg}", err=True)
+    click.echo(f"{_prog()}: {msg}", err=True)
     raise SystemExit(code)
 
 
@@ -134,7 +140,7 @@ def _install(unit_dir: str, start: bool) -> None:
 
     try:
         for line in install(unit_dir, start):
-            click.echo(f"hold: {line}")
+            click.echo(f"{_prog()}: {line}")
     except DaemonCommandError as e:
         _fail(str(e), e.exit_code)
     raise SystemExit(0)
@@ -145,7 +151,7 @@ def _reload() -> None:
 
     _classes()  # the file must read before the daemon is asked to
     try:
-        click.echo(f"hold: {reload(_state_dir())}")
+        click.echo(f"{_prog()}: {reload(_state_dir())}")
     except DaemonCommandError as e:
         _fail(str(e), e.exit_code)
     raise SystemExit(0)
@@ -256,8 +262,10 @@ def release_cmd(lease_id: str) -> None:
         )
     survivors = ans.get("survivors") or []
     for s in survivors:
-        click.echo(f"hold: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True)
-    click.echo(f"hold: lease {lease_id} released")
+        click.echo(
+            f"{_prog()}: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True
+        )
+    click.echo(f"{_prog()}: lease {lease_id} released")
     raise SystemExit(SURVIVORS if survivors else 0)
 
 
