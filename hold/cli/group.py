@@ -274,15 +274,25 @@ def release_cmd(lease_id: str) -> None:
     "--device",
     "cls",
     default=None,
-    metavar="CLASS",
-    help="Only this device class.",
+    metavar="CLASS[:INDEX,...]",
+    help="Only this device class (only these of its devices).",
     shell_complete=class_values,
 )
+@click.option("--user", default=None, metavar="USER", help="Only this user's processes (or uid).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
 @click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
 @click.option("--yes", is_flag=True, help="With --kill: do not ask.")
 @click.option("--grace", default="10s", show_default=True, help="With --kill: grace period.")
-def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str) -> None:
+@click.option("--log", default=None, metavar="FILE", help="Append a JSON line per stray to FILE.")
+def audit_cmd(
+    cls: str | None,
+    user: str | None,
+    as_json: bool,
+    kill: bool,
+    yes: bool,
+    grace: str,
+    log: str | None,
+) -> None:
     """Every process holding a device node, and the lease that covers it (or STRAY).
 
     Exit 0 when every holder is covered, 1 when any is stray, 3 when --kill
@@ -290,7 +300,7 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
     """
     from hold.cli.audit import run_audit  # also hold.cli.entry's way in, without click
 
-    raise SystemExit(run_audit(cls, as_json, kill, yes, grace))
+    raise SystemExit(run_audit(cls, as_json, kill, yes, grace, user, log))
 
 
 # ---------------------------------------------------------------------- stacks (hold.cli.stack)
