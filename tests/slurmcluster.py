@@ -7,9 +7,14 @@ picked free, so that nothing of the machine's own (``/etc/slurm``,
 ``/run/munge``) is read or touched and two sessions never meet.
 
 The node declares two GPUs in ``gres.conf``: character nodes with the NVIDIA
-major number (195, minors 0 and 1) made in that directory, so Slurm's GPU
-paths (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``, the device cgroup) and
-hold's (nodes matched by device number, NVIDIA ordinals) run without a GPU.
+major number (195) made in that directory, so Slurm's GPU paths
+(``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``, the device cgroup) and hold's
+(nodes matched by device number, NVIDIA ordinals) run without a GPU. Their
+minors are drawn at random (in order: ``nvidia0``'s is the smaller, as a
+driver numbers them), so that another session's cluster on this machine,
+whose holders every scan sees, most likely has other ones. On a machine with
+NVIDIA GPUs of its own the cluster is not started: CUDA's ordinals count every
+GPU of the machine, and a job's would name the real ones.
 
 Containment: ``proctrack/cgroup`` and ``task/cgroup`` with
 ``ConstrainDevices=yes`` -- what a GPU cluster runs, and what makes a job's
@@ -22,7 +27,9 @@ is not started and the tests that need it skip, saying why.
 
 from __future__ import annotations
 
+import glob
 import os
+import random
 import shutil
 import signal
 import socket
@@ -59,6 +66,7 @@ class SlurmCluster:
         self.conf = base / "slurm.conf"
         self.dev = base / "dev"
         self.gpus = [self.dev / f"nvidia{i}" for i in range(GPUS)]
+        self.minors = sorted(random.SystemRandom().sample(range(254), GPUS))
         self.epilog = base / "epilog"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -80,6 +88,10 @@ class SlurmCluster:
             )
         if os.geteuid() != 0:
             raise ClusterUnavailable("slurmd and the GPU nodes need root")
+        if glob.glob("/dev/nvidia[0-9]*"):
+            raise ClusterUnavailable(
+                "this machine has NVIDIA GPUs of its own: CUDA's ordinals in a job would count them"
+            )
         try:
             self._write_files()
             self._start_daemons(timeout)
@@ -94,7 +106,7 @@ class SlurmCluster:
         # Jobs may run as another user: the node files and the directory must be reachable.
         b.chmod(0o755)
         self.dev.mkdir(mode=0o755)
-        for minor, path in enumerate(self.gpus):
+        for minor, path in zip(self.minors, self.gpus, strict=True):
             try:
                 os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
             except OSError as e:
