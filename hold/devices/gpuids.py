@@ -239,7 +239,7 @@ def why_unusable(cls: DeviceClass, environ: Mapping[str, str], wanted: int) -> s
     job = environ.get("SLURM_JOB_ID")
     if job is not None:
         gpus = environ.get("SLURM_STEP_GPUS", environ.get("SLURM_JOB_GPUS"))
-        given = f"GPUs {gpus}" if gpus else "no GPU"
+        given = f"GPU(s) {gpus}" if gpus else "no GPU"
         parts.append(
             f"Slurm job {job} was given {given}: ask for them with "
             f"srun/sbatch --gres={cls.name}:{wanted}"
