@@ -275,7 +275,11 @@ def test_the_non_root_path_a_job_of_an_unprivileged_user(
 # The job's end.
 
 
-def test_scancel_in_the_middle_of_a_lease_leaves_nothing(slurm: Slurm) -> None:
+@pytest.mark.parametrize("signal", ["TERM", "KILL"])
+def test_scancel_in_the_middle_of_a_lease_leaves_nothing(slurm: Slurm, signal: str) -> None:
+    """Slurm's own ``scancel`` (SIGTERM to the step, SIGKILL after KillWait): gpu-hold
+    stops its tree; ``--signal=KILL``: gpu-hold dies at once, and the daemon,
+    outside the job, ends the lease when its connection ends."""
     holder_out = slurm.base / "escapee.pids"
     # The lease's command: one process that holds the GPU, and an escapee of it
     # (setsid, double fork) that holds it too.
@@ -307,7 +311,7 @@ def test_scancel_in_the_middle_of_a_lease_leaves_nothing(slurm: Slurm) -> None:
     code, doc = audit()
     assert code == 0 and {h["pid"] for h in doc["holders"]} >= {ln["pid"]}, doc
     assert list(leases().values()) == [ln["HOLD_LEASE"]]
-    res = slurm.cluster.run(["scancel", job])
+    res = slurm.cluster.run(["scancel", *(["--signal=KILL"] if signal == "KILL" else []), job])
     assert res.returncode == 0, res.stderr
     _finish(p)
     wait_for(lambda: not alive(ln["pid"]) and not alive(escapee), 20, what="the lease's tree gone")
