@@ -21,8 +21,11 @@ Containment: ``proctrack/cgroup`` and ``task/cgroup`` with
 view of the GPUs real: the kernel itself denies a job the nodes of GPUs it was
 not given. ``IgnoreSystemd=yes`` lets the cgroup v2 plugin start where no
 systemd runs; on a hybrid machine (v1 controllers mounted) Slurm takes its v1
-plugin, which needs no systemd at all. Where neither can start, the cluster
-is not started and the tests that need it skip, saying why.
+plugin, which needs no systemd at all. Where slurmd cannot start with them,
+the cluster is started again with ``proctrack/linuxproc`` and ``task/none``
+(no device cgroup: :attr:`SlurmCluster.unconstrained` says why), and the
+tests that need the device cgroup skip, saying why. ``HOLD_TEST_SLURM_CGROUP=off``
+starts it that way at once (to run the tests as such a machine would).
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ class SlurmCluster:
         self.minors = sorted(random.SystemRandom().sample(range(254), GPUS))
         self.epilog = base / "epilog"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Slurm's cgroup plugins run (the device cgroup confines each job); else
+        # why not, and the cluster runs proctrack/linuxproc with task/none.
+        self.constrained = True
+        self.unconstrained: str | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -93,13 +100,37 @@ class SlurmCluster:
                 "this machine has NVIDIA GPUs of its own: CUDA's ordinals in a job would count them"
             )
         try:
-            self._write_files()
-            self._start_daemons(timeout)
+            self._make_files()
         except BaseException:
             self.stop()
             raise
+        why = "HOLD_TEST_SLURM_CGROUP=off"
+        if os.environ.get("HOLD_TEST_SLURM_CGROUP") != "off":
+            try:
+                self._attempt(constrained=True, timeout=timeout)
+                return
+            except ClusterUnavailable as e:
+                why = str(e)
+            except BaseException:
+                self.stop()
+                raise
+            self.stop()
+        try:
+            self._attempt(constrained=False, timeout=timeout)
+        except BaseException as e:
+            self.stop()
+            if isinstance(e, ClusterUnavailable):
+                raise ClusterUnavailable(f"with cgroups: {why}; without: {e}") from None
+            raise
+        self.unconstrained = why
 
-    def _write_files(self) -> None:
+    def _attempt(self, *, constrained: bool, timeout: float) -> None:
+        self.constrained = constrained
+        self._write_conf()
+        self.procs = {}
+        self._start_daemons(timeout)
+
+    def _make_files(self) -> None:
         b = self.base
         for d in ("state", "spool", "run", "log"):
             (b / d).mkdir()
@@ -117,6 +148,13 @@ class SlurmCluster:
         key.chmod(0o600)
         # The epilog the tests install: a file of theirs (see write_epilog), empty until then.
         self.write_epilog("#!/bin/sh\nexit 0\n")
+
+    def _write_conf(self) -> None:
+        b = self.base
+        if self.constrained:
+            plugins = ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup"]
+        else:
+            plugins = ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]
         host = socket.gethostname().split(".")[0]
         self.conf.write_text(
             "\n".join(
@@ -136,8 +174,7 @@ class SlurmCluster:
                     f"SlurmdPidFile={b}/run/slurmd.pid",
                     f"SlurmctldLogFile={b}/log/slurmctld.log",
                     f"SlurmdLogFile={b}/log/slurmd.log",
-                    "ProctrackType=proctrack/cgroup",
-                    "TaskPlugin=task/cgroup",
+                    *plugins,
                     "GresTypes=gpu",
                     "SelectType=select/cons_tres",
                     "SelectTypeParameters=CR_Core",
