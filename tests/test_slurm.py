@@ -87,9 +87,6 @@ class Slurm:
             return []
         return [json.loads(line) for line in text.splitlines()]
 
-    def job_ids(self) -> list[str]:
-        return self.cluster.jobs()
-
 
 def _finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
     out, err = p.communicate(timeout=timeout)
