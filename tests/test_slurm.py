@@ -156,24 +156,10 @@ def audit(*args: str) -> tuple[int, dict[str, Any]]:
 
 def test_two_jobs_get_different_gpus_and_lease_only_their_own(slurm: Slurm) -> None:
     gate = slurm.base / "gate"
-    jobs = [
-        slurm.srun(
-            [
-                "--gres=gpu:1",
-                *gpu_hold(
-                    "-l",
-                    f"job{i}",
-                    "--",
-                    sys.executable,
-                    str(JOB),
-                    str(slurm.out),
-                    str(slurm.cluster.dev),
-                    str(gate),
-                ),
-            ]
-        )
-        for i in range(2)
-    ]
+    # GIVEN_CVD: what Slurm set, before gpu-hold sets its own.
+    command = [sys.executable, str(JOB), str(slurm.out), str(slurm.cluster.dev), str(gate)]
+    script = f'exec {BIN / "gpu-hold"} -e GIVEN_CVD="$CUDA_VISIBLE_DEVICES" -- "$@"'
+    jobs = [slurm.srun(["--gres=gpu:1", "sh", "-c", script, "sh", *command]) for _ in range(2)]
     try:
         lines = wait_for(lambda: len(slurm.lines()) == 2 and slurm.lines(), 30, what="two jobs")
         # Inside both leases at once: two leases, one per GPU.
@@ -187,9 +173,13 @@ def test_two_jobs_get_different_gpus_and_lease_only_their_own(slurm: Slurm) -> N
     assert len(by_job) == 2
     for ln in lines:
         # The lease is the job's own GPU, whichever ordinal Slurm wrote: under
-        # ConstrainDevices the job on GPU 1 is told CUDA_VISIBLE_DEVICES=0 (its first).
-        assert ln["HOLD_DEVICES"] == f"gpu:{ln['SLURM_STEP_GPUS']}", ln
-        assert ln["held"] == [str(slurm.cluster.gpus[int(ln["SLURM_STEP_GPUS"])])]
+        # ConstrainDevices the job on GPU 1 is told CUDA_VISIBLE_DEVICES=0 (its
+        # first), without it 1; and the command is told the same GPU.
+        gpu = int(ln["SLURM_STEP_GPUS"])
+        assert ln["GIVEN_CVD"] == str(0 if slurm.cluster.constrained else gpu), ln
+        assert ln["HOLD_DEVICES"] == f"gpu:{gpu}", ln
+        assert ln["CUDA_VISIBLE_DEVICES"] == ln["GIVEN_CVD"], ln
+        assert ln["held"] == [str(slurm.cluster.gpus[gpu])]
     assert {ln["HOLD_DEVICES"] for ln in lines} == {"gpu:0", "gpu:1"}
     assert leases() == {}
 

@@ -22,7 +22,7 @@ for dev in filter(None, os.environ.get("HOLD_DEVICES", "").split(",")):
     os.open(path, os.O_PATH)  # kept open: the process holds the node
     held.append(path)
 names = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_JOB_ID")
-names += ("HOLD_DEVICES", "HOLD_LEASE")
+names += ("HOLD_DEVICES", "HOLD_LEASE", "GIVEN_CVD")
 line = {"pid": os.getpid(), "uid": os.getuid(), "held": held}
 line.update({n: os.environ.get(n) for n in names})
 fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
