@@ -40,7 +40,7 @@ import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "scontrol", "sinfo", "squeue", "scancel")
@@ -254,8 +254,7 @@ class SlurmCluster:
         res = self.run(["sinfo", "-h", "-n", self.node, "-o", "%T"], timeout=10)
         return res.stdout.strip() == "idle"
 
-    def _until(self, ready: object, deadline: float, what: str) -> None:
-        assert callable(ready)
+    def _until(self, ready: Callable[[], object], deadline: float, what: str) -> None:
         while not ready():
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
