@@ -13,8 +13,9 @@ own daemon and state directory):
 
 * **start-up**: ``npu-hold -- true``, ``hold run -- true`` (no
   configuration file) and ``hold run -- true`` with ``cgroups: off`` (walk
-  mode: the keeper's fork, issue 23) beside ``python3 -c pass``, interleaved
-  round-robin;
+  mode: the keeper's fork, issue 23), and a TAB (``hold st``, ``npu-hold
+  --de``: the program run as the shell runs it to complete a word) beside
+  ``python3 -c pass``, interleaved round-robin;
 * **the loop**: ``--workers`` (20) shell loops of ``--per-worker`` (15)
   ``npu-hold -- true`` each, ``--rounds`` times per version, alternating;
   acquisitions per second, failed commands, and the daemon's handoff (from a
@@ -109,6 +110,18 @@ def start_ups(codes: dict[str, Path], work: Path, runs: int) -> dict[str, list[f
             version_env(code, work / f"r-{name}", False),
             code,
         )
+        # A TAB: the shell runs the program with click's variables (issue 25).
+        for what, var, run in (
+            ("hold st", "_HOLD_COMPLETE", RUN),
+            ("npu-hold --de", "_NPU_HOLD_COMPLETE", NPU),
+        ):
+            env = version_env(code, work / f"c-{name}", True)
+            env.update({var: "bash_complete", "COMP_WORDS": what, "COMP_CWORD": "1"})
+            cmds[f"TAB after {what} ({name})"] = (
+                [sys.executable, "-c", run.format(entry=entry_module(code))],
+                env,
+                code,
+            )
     for argv, env, cwd in cmds.values():  # each daemon started, each cache warm
         subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True)
     times: dict[str, list[float]] = {k: [] for k in cmds}

@@ -16,7 +16,7 @@ import os
 import stat
 from typing import Any, NamedTuple
 
-from hold_supervisor.parse import BadValue, did_you_mean, shorten
+from hold_supervisor.parse import BadValue, did_you_mean
 
 CGROUP_MODES = ("auto", "off", "required")
 BUSY_MODES = ("wait", "warn")
@@ -174,36 +174,14 @@ def parse_file(path: str) -> Config:
 
 
 def refusal(path: str | None, problems: list[BadValue]) -> BadValue | None:
-    """One error for every problem found in the file at ``path`` (None if none).
-
-    A problem alone is raised as it is; several become one
-    :class:`hold_supervisor.yamlsafe.YamlError` (the reader's own error for
-    several problems: a :class:`BadValue`, so every caller shows it as it
-    shows one), each problem a ``FILE:LINE: key 'value' is not valid: ...``
-    line, in file order, at most :data:`hold_supervisor.yamlsafe.MAX_PROBLEMS`
-    of them (the rest counted). A problem that is itself such a list is
-    flattened into it.
-    """
+    """One error for every problem found in the file at ``path`` (None if none):
+    :func:`hold_supervisor.yamlsafe.refusal`, loaded only when there is one
+    (PyYAML is not on the hot path of a file without problems)."""
     if not problems:
         return None
-    if len(problems) == 1:
-        return problems[0]
-    from hold_supervisor.yamlsafe import YamlError
+    from hold_supervisor.yamlsafe import refusal as one_error
 
-    lines: list[tuple[int | None, str]] = []
-    for e in problems:
-        if isinstance(e, YamlError):
-            lines.extend(e.problems)
-            continue
-        _, _, line = e.where.rpartition(":")
-        lines.append(
-            (
-                int(line) if line.isdigit() else None,
-                f"{e.what} {shorten(e.value)} is not valid: {e.accepted}",
-            )
-        )
-    lines.sort(key=lambda p: p[0] or 0)  # stable: one line's problems stay in order
-    return YamlError(path or "", lines)
+    return one_error(path, problems)
 
 
 def _choice(node: Any, path: str, what: str, accepted: tuple[str, ...]) -> str:

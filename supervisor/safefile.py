@@ -29,10 +29,12 @@ import fcntl
 import os
 import stat
 
+from hold_supervisor.errors import SupervisorError
 from hold_supervisor.parse import BadValue
 
 __all__ = [
     "UnsafePath",
+    "WriteFailed",
     "check_file",
     "ensure_dir",
     "open_for_append",
@@ -56,6 +58,27 @@ class UnsafePath(BadValue):
         self.accepted = message
         self.where = ""
         self.path = path
+
+
+class WriteFailed(SupervisorError, OSError):
+    """Writing a whole file failed: said of the file asked for, not of its temp file.
+
+    An ``OSError`` still (``errno`` kept; exit 125 where it ends a command), whose text reads
+    ``cannot write PATH: permission denied`` rather than an errno and the
+    random name of a temp file the caller never asked for.
+    """
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror, path)
+
+    def __str__(self) -> str:
+        why = (self.strerror or "failed").lower()
+        return f"cannot write {self.filename}: {why}"
+
+
+def _failed(path: str, e: OSError) -> OSError:
+    """``e`` as the caller should read it: a :class:`WriteFailed` of ``path``."""
+    return e if isinstance(e, WriteFailed) else WriteFailed(path, e)
 
 
 _WHAT = {
@@ -210,6 +233,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         fd = os.open(tmp, flags, mode)
     except FileExistsError:
         raise UnsafePath(f"{tmp} exists; refusing to write through it", tmp) from None
+    except OSError as e:
+        raise _failed(path, e) from None
     try:
         view = memoryview(data)
         while view:
@@ -217,13 +242,15 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         os.close(fd)
         fd = -1
         os.rename(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if fd >= 0:
             os.close(fd)
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise _failed(path, e) from None
         raise
 
 
@@ -286,6 +313,8 @@ def write_in_dir(
             raise UnsafePath(
                 f"{os.path.join(path, tmp)} exists; refusing to write through it", path
             ) from None
+        except OSError as e:
+            raise _failed(os.path.join(path, name), e) from None
         try:
             if (uid, gid) != (os.geteuid(), os.getegid()):
                 os.fchown(fd, uid, gid)
@@ -296,13 +325,15 @@ def write_in_dir(
             os.close(fd)
             fd = -1
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
+        except BaseException as e:
             if fd >= 0:
                 os.close(fd)
             try:
                 os.unlink(tmp, dir_fd=dfd)
             except OSError:
                 pass
+            if isinstance(e, OSError):
+                raise _failed(os.path.join(path, name), e) from None
             raise
     finally:
         os.close(dfd)

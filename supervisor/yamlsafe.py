@@ -73,6 +73,37 @@ class YamlError(BadValue):
         return out
 
 
+def refusal(path: str | None, problems: list[BadValue]) -> BadValue | None:
+    """One error for every problem found in the file at ``path`` (None if none).
+
+    A problem alone is raised as it is; several become one
+    :class:`hold_supervisor.yamlsafe.YamlError` (the reader's own error for
+    several problems: a :class:`BadValue`, so every caller shows it as it
+    shows one), each problem a ``FILE:LINE: key 'value' is not valid: ...``
+    line, in file order, at most :data:`hold_supervisor.yamlsafe.MAX_PROBLEMS`
+    of them (the rest counted). A problem that is itself such a list is
+    flattened into it.
+    """
+    if not problems:
+        return None
+    if len(problems) == 1:
+        return problems[0]
+    lines: list[tuple[int | None, str]] = []
+    for e in problems:
+        if isinstance(e, YamlError):
+            lines.extend(e.problems)
+            continue
+        _, _, line = e.where.rpartition(":")
+        lines.append(
+            (
+                int(line) if line.isdigit() else None,
+                f"{e.what} {shorten(e.value)} is not valid: {e.accepted}",
+            )
+        )
+    lines.sort(key=lambda p: p[0] or 0)  # stable: one line's problems stay in order
+    return YamlError(path or "", lines)
+
+
 def load_file(path: str, *, shown: str | None = None) -> yaml.Node | None:
     """The composed document in the file at ``path`` (None for an empty one)."""
     shown = path if shown is None else shown

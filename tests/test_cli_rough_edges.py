@@ -195,3 +195,57 @@ def test_audit_names_the_closest_class() -> None:
     far = hold("audit", "--json", "--device=zzzzzz")
     assert far.returncode == 2 and "did you mean" not in far.stderr, far.stderr
     assert far.stdout == ""
+
+
+def test_a_file_that_cannot_be_written_is_named_not_its_temp_file(tmp_path: Path) -> None:
+    """``hold metrics --output`` into a directory that is not there: the error
+    names the file asked for, in words, not an errno and a temp file's random name."""
+    dest = tmp_path / "absent" / "hold.prom"
+    out = subprocess.run(
+        [*HOLD, "metrics", "--output", str(dest)], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode != 0
+    assert f"cannot write {dest}: no such file or directory" in out.stderr, out.stderr
+    assert ".tmp" not in out.stderr and "Errno" not in out.stderr, out.stderr
+    assert not dest.parent.exists()
+
+
+def test_write_failed_keeps_the_errno_and_the_asked_for_name(tmp_path: Path) -> None:
+    """The library side: :class:`WriteFailed` is an ``OSError`` of the target path."""
+    import errno
+
+    from hold_supervisor.safefile import WriteFailed, write_atomic, write_in_dir
+
+    target = tmp_path / "nodir" / "f"
+    try:
+        write_atomic(str(target), b"x", 0o644)
+    except WriteFailed as e:
+        assert e.errno == errno.ENOENT and e.filename == str(target)
+        assert str(e) == f"cannot write {target}: no such file or directory"
+    else:
+        raise AssertionError("write_atomic wrote into a directory that is not there")
+    # A directory in which the name is a directory: the rename fails, named as asked.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").mkdir()
+    (tmp_path / "d" / "f" / "x").write_text("")
+    try:
+        write_in_dir(str(tmp_path / "d"), "f", b"x", uid=os.geteuid(), gid=os.getegid())
+    except Exception as e:
+        assert str(tmp_path / "d" / "f") in str(e) and ".tmp" not in str(e), e
+    else:
+        raise AssertionError("write_in_dir replaced a directory")
+    assert [p.name for p in (tmp_path / "d").iterdir()] == ["f"]  # no temp file left
+
+
+def test_errors_are_said_under_the_commands_name() -> None:
+    """As ``hold ps:`` and ``npu-hold:`` do: ``hold release:``, not ``hold:``."""
+    cases = [
+        (["release", "123"], "hold release: "),
+        (["report", "--since", "bogus"], "hold report: "),
+        (["audit", "--device", "nosuch"], "hold audit: "),
+        (["web", "--listen", "nowhere:x"], "hold web: "),
+    ]
+    for args, prefix in cases:
+        out = subprocess.run([*HOLD, *args], capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0, (args, out.stderr)
+        assert out.stderr.startswith(prefix), (args, out.stderr)

@@ -217,3 +217,94 @@ def test_only_hold_supervisor_proc_builds_proc_paths() -> None:
     assert not wrong, "build the path in hold_supervisor.proc.scan instead"
     stale = set(PROC_PATH_EXCEPTIONS) - set(found)
     assert not stale, f"exceptions that no longer occur: {stale}"
+
+
+# --------------------------------------------------------------------------
+# No import cycles between modules: a cycle hidden by an import inside a
+# function is still one (the order of first use then decides what works).
+
+
+def _runtime_imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The project's modules ``path`` imports when it runs: at module level or in a
+    function; not under ``if TYPE_CHECKING:`` (annotations only, never executed)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        found.update(n for n in names if n in known)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph = {}
+    for module, path in modules.items():
+        # A package's own __init__ is imported by its modules' import anyway.
+        graph[module] = {m for m in _runtime_imports(path, modules) if m != module}
+    return graph
+
+
+def test_no_module_imports_itself_back() -> None:
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
+    cycles = _cycles(_import_graph(_modules()))
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
+    """Two modules that import each other, one inside a function, one under
+    TYPE_CHECKING beside them (no cycle): the first pair is found, the other not."""
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text("import b\n")
+    b.write_text("def f() -> None:\n    import a\n")
+    c.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
+    (tmp_path / "d.py").write_text("import c\n")
+    mods = {"a": a, "b": b, "c": c, "d": tmp_path / "d.py"}
+    graph = _import_graph(mods)
+    graph["a"].add("c")
+    assert _cycles(graph) == [["a", "b"]]

@@ -505,7 +505,7 @@ def test_the_system_daemon_serves_every_user_and_trusts_none_with_anothers_tree(
 
     res = as_b("status")
     assert res.returncode == 125, res.stderr
-    assert res.stderr.startswith("hold: no ticket daemon serves /run/hold"), res.stderr
+    assert res.stderr.startswith("hold status: no ticket daemon serves /run/hold"), res.stderr
     assert "the system daemon, it is down" in res.stderr
     # A stack without a device runs unguarded, says so, and keeps its files in
     # the user's own directory (the system's is root's).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -634,3 +635,42 @@ def test_sigkill_of_hold_up_stops_its_calls(tmp_path: Path) -> None:
         assert_gone(pids, timeout=10)
     finally:
         client.wait(10)
+
+
+def _call_over_socket(tmp_path: Path, then: bytes) -> dict[str, object]:
+    """A call of ``slow`` (1 s) on the stack's own socket, ``then`` sent once it
+    runs (as ``hold call`` sends its cancel); the final answer."""
+    from hold_supervisor.jsonlines import LineBuffer
+
+    path = tmp_path / "state" / "stacks" / "t" / "control.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(20)
+        s.connect(str(path))
+        s.sendall(b'{"op": "call", "unit": "slow", "args": {"s": 1}}\n')
+        lines = LineBuffer()
+        while True:
+            data = s.recv(65536)
+            assert data, "the stack closed the call's connection without a result"
+            for msg in lines.feed(data):
+                if msg.get("done"):
+                    return msg
+                if msg["ev"] == "running" or (msg["ev"] == "accepted" and not msg.get("beat")):
+                    s.sendall(then)
+
+
+def test_only_a_cancel_request_cancels_a_call(tmp_path: Path) -> None:
+    """On a call's connection, ``{"op": "cancel"}`` cancels it; a line that merely
+    contains the word goes by, and a line that is not JSON ends the call as a
+    closed connection would."""
+    up = Up(tmp_path, task_yaml(tmp_path, "sleep", name="slow"))
+    try:
+        decoy = _call_over_socket(tmp_path, b'{"op": "ps", "note": "cancel"}\n')
+        assert decoy["ev"] == "result" and decoy["outcome"] == "exited", decoy
+        asked = _call_over_socket(tmp_path, b'{"op": "cancel"}\n')
+        assert asked["ev"] == "result" and asked["outcome"] == "cancelled", asked
+        junk = _call_over_socket(tmp_path, b"cancel\n")
+        assert junk["outcome"] == "cancelled", junk
+        rec = records(tmp_path / "state" / "stacks" / "t" / "logs" / "slow.log")
+        assert [r["outcome"] for r in rec] == ["exited", "cancelled", "cancelled"], rec
+    finally:
+        assert up.down() == 0

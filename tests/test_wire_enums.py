@@ -242,3 +242,42 @@ def test_a_lease_without_a_state_is_active_and_an_unknown_one_is_refused(tmp_pat
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="'gone' is not a valid LeaseState"):
         ledger.load(str(path))
+
+
+# --------------------------------------------------------------------------
+# Both wires (the daemon's, a stack's control socket) spelled through their enums.
+
+
+def test_no_op_or_event_is_written_as_a_bare_string() -> None:
+    """A message built in the code names its ``"op"`` and ``"ev"`` by an enum member
+    (hold.protocol.Op/Ev, hold_supervisor.stack.wire.StackOp/StackEv), never a
+    string literal: a typo is then an AttributeError, not a silent new word."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    bare = []
+    for folder in ("hold", "supervisor"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.Dict):
+                    continue
+                for k, v in zip(node.keys, node.values, strict=True):
+                    if (
+                        isinstance(k, ast.Constant)
+                        and k.value in ("op", "ev")
+                        and isinstance(v, ast.Constant)
+                        and isinstance(v.value, str)
+                    ):
+                        bare.append(
+                            f"{path.relative_to(root)}:{node.lineno}: {k.value}={v.value!r}"
+                        )
+    assert not bare, "\n".join(bare)
+
+
+def test_the_stack_words_are_their_strings() -> None:
+    from hold_supervisor.stack.wire import StackEv, StackOp
+
+    assert json.dumps({"op": StackOp.CANCEL, "ev": StackEv.STOPPED}) == (
+        '{"op": "cancel", "ev": "stopped"}'
+    )
+    assert len(set(StackOp)) == len(StackOp) and len(set(StackEv)) == len(StackEv)

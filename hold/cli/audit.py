@@ -20,9 +20,10 @@ from hold_supervisor.width import columns, fit
 
 if TYPE_CHECKING:
     from hold.devices.nvml import Prefetch
+    from hold.views.audit import Only
 
 FLAGS = {"--json": "as_json", "--kill": "kill", "--yes": "yes"}
-VALUES = {"--device": "cls", "--grace": "grace"}
+VALUES = {"--device": "cls", "--grace": "grace", "--user": "user", "--log": "log"}
 # click's, in hold.cli.group (a test compares)
 DEFAULTS: dict[str, Any] = {
     "cls": None,
@@ -30,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "kill": False,
     "yes": False,
     "grace": "10s",
+    "user": None,
+    "log": None,
 }
 ANSI = re.compile(r"\033\[[;?0-9]*[a-zA-Z]")  # what click.echo strips where not a terminal
 
@@ -69,10 +72,18 @@ def main_plain(opts: dict[str, Any]) -> int:
         return 1
 
 
-def run_audit(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str) -> int:
+def run_audit(
+    cls: str | None,
+    as_json: bool,
+    kill: bool,
+    yes: bool,
+    grace: str,
+    user: str | None = None,
+    log: str | None = None,
+) -> int:
     """``hold audit`` once its options are read: checked, then :func:`main_audit`."""
     from hold.config import load
-    from hold.devices.classes import classes_from_config
+    from hold.devices.classes import classes_from_config, parse_device_spec
     from hold.statedir import open_state_dir
     from hold_supervisor.parse import BadValue, parse_duration
 
@@ -81,7 +92,8 @@ def run_audit(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
         classes = classes_from_config(cfg.devices, cfg.path)
     except BadValue as e:
         return _usage(str(e))
-    if cls is not None and cls not in classes:
+    units: tuple[int, ...] | None = None
+    if cls is not None and cls.partition(":")[0] not in classes:
         from hold_supervisor.parse import did_you_mean
 
         known = sorted(classes)
@@ -91,7 +103,11 @@ def run_audit(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
     if yes and not kill:
         return _usage("--yes only goes with --kill")
     try:
+        if cls is not None:
+            cls, units = parse_device_spec(cls, classes)
+        uid = None if user is None else _uid_of(user)
         grace_s = parse_duration(grace, what="--grace", plain_unit="seconds", allow_zero=True)
+        log_fd = None if log is None else _open_log(log)
         sd = open_state_dir(shared=False)
     except BadValue as e:
         return _usage(str(e))
@@ -102,11 +118,45 @@ def run_audit(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
         from hold.devices.nvml import Prefetch
 
         nvml = Prefetch()
-    return main_audit(sd, classes, cls, as_json, kill, yes, grace_s, nvml)
+    from hold.views.audit import Only
+
+    only = Only(cls, units, uid)
+    try:
+        return main_audit(sd, classes, only, as_json, kill, yes, grace_s, nvml, log_fd)
+    finally:
+        if log_fd is not None:
+            os.close(log_fd)
+
+
+def _uid_of(user: str) -> int:
+    """``--user``: a user name, or a uid (one without an account too: its processes
+    may outlive the account)."""
+    import pwd
+
+    from hold_supervisor.parse import BadValue
+
+    if user.isascii() and user.isdigit() and len(user) <= 10:
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise BadValue("--user", user, "a user name of this machine, or a uid") from None
+
+
+def _open_log(path: str) -> int:
+    """``--log``: appended to (made 0640 where missing), never through a symlink,
+    never a FIFO or someone else's file (:mod:`hold_supervisor.safefile`)."""
+    from hold_supervisor.parse import BadValue
+    from hold_supervisor.safefile import open_for_append
+
+    try:
+        return open_for_append(path, 0o640)
+    except OSError as e:
+        raise BadValue("--log", path, f"a file this user may append to ({e.strerror})") from None
 
 
 def _usage(msg: str) -> int:
-    echo(f"hold: {msg}", err=True)
+    echo(f"hold audit: {msg}", err=True)
     return USAGE
 
 
@@ -121,25 +171,27 @@ def echo(text: str, err: bool = False) -> None:
 def main_audit(
     sd: StateDir,
     classes: dict[str, DeviceClass],
-    cls: str | None,
+    only: Only,
     as_json: bool,
     kill: bool,
     yes: bool,
     grace: float,
     nvml: Prefetch | None = None,
+    log_fd: int | None = None,
 ) -> int:
-    """Scan, attribute, print (and with ``kill``, stop the strays); the exit status:
-    0 all covered, 1 a stray, 3 a stop left survivors."""
+    """Scan, attribute, print (and with ``kill``, stop the strays; with ``log_fd``,
+    a JSON line per stray appended there); the exit status: 0 all covered, 1 a
+    stray, 3 a stop left survivors."""
     from hold.views.audit import build_report, kill_strays
     from hold.views.audittable import render_table
 
-    doc = build_report(sd, classes, cls, nvml)
+    doc = build_report(sd, classes, only, nvml)
     strays = [r for r in doc["holders"] if not r["covered"]]
     width = columns(sys.stdout)
     asked = kill and strays and not yes
     if asked:
         if not sys.stdin.isatty():
-            echo("hold: --kill without --yes needs a terminal to ask at", err=True)
+            echo("hold audit: --kill without --yes needs a terminal to ask at", err=True)
             return USAGE
         echo(render_table(doc, width))
         answer = _confirm(f"Stop the trees of {len(strays)} stray holder(s)?")
@@ -147,6 +199,10 @@ def main_audit(
             return CANCELLED if answer is None else NO
     if kill and strays:
         doc["killed"] = kill_strays(doc, sd, grace)
+    if log_fd is not None and strays:
+        from hold.views.audit import stray_lines
+
+        os.write(log_fd, "".join(stray_lines(doc)).encode())
     if as_json:
         import json  # only here: the table needs none
 

@@ -38,6 +38,7 @@ from typing import Any
 from hold.client import waits
 from hold_supervisor.exitcodes import EXPIRED, NO, TOOL, USAGE, signalled
 from hold_supervisor.jsonlines import BadJSON, LineBuffer, dumps_line, strict_loads
+from hold_supervisor.stack.wire import StackEv, StackOp
 
 PROG = "hold call"
 _CANCEL_WAIT_MARGIN = 15.0  # beyond the task's grace, for the stop after a cancel
@@ -116,7 +117,7 @@ def main_call(
     path = os.path.join(sd.path, "stacks", name, "control.sock")  # as hold.cli.stack.run_dir_of
     # Connecting and sending are bounded too: a stuck stack's backlog fills up.
     try:
-        sock = connect(path, ANSWER_WAIT, "call")
+        sock = connect(path, ANSWER_WAIT, StackOp.CALL)
     except (FileNotFoundError, ConnectionRefusedError):
         from hold.cli.stackdir import no_such_stack  # only on this path: a call starts lean
 
@@ -130,7 +131,7 @@ def main_call(
         return TOOL
     try:
         request = {
-            "op": "call",
+            "op": StackOp.CALL,
             "unit": unit,
             "args": args,
             "text_args": text_args,
@@ -165,7 +166,7 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
                 cancelled_by = e.signum
                 say(f"{e}: cancelling the call...")
                 try:
-                    sock.sendall(b'{"op": "cancel"}\n')
+                    sock.sendall(dumps_line({"op": StackOp.CANCEL}))
                 except OSError:
                     return signalled(e.signum)
                 continue
@@ -182,19 +183,19 @@ def _conversation(sock: socket.socket, name: str, unit: str, as_json: bool) -> i
                 say(f"stack {name} closed the connection without a result")
                 return TOOL
             ev = msg.get("ev")
-            if ev == "accepted":
+            if ev == StackEv.ACCEPTED:
                 accepted = msg
                 if not msg.get("beat") or msg.get("state") != "queued":
-                    ev = "running"  # no word of its start will come: counted from now
-            if ev == "running" and run_until is None and accepted:
+                    ev = StackEv.RUNNING  # no word of its start will come: counted from now
+            if ev == StackEv.RUNNING and run_until is None and accepted:
                 run_until = time.monotonic() + _run_limit(accepted)
-            if ev in ("accepted", "running", "queued"):
+            if ev in (StackEv.ACCEPTED, StackEv.RUNNING, StackEv.QUEUED):
                 continue
-            if ev == "error":
+            if ev == StackEv.ERROR:
                 for line in msg.get("errors") or [str(msg.get("error"))]:
                     say(line)
                 return int(msg.get("code", USAGE))
-            if ev == "result":
+            if ev == StackEv.RESULT:
                 code = _show(msg, name, as_json)
                 if cancelled_by is not None and msg.get("outcome") == "cancelled":
                     return signalled(cancelled_by)

@@ -48,6 +48,7 @@ from hold.cli.stackdir import (
 from hold.client import waits
 from hold_supervisor.exitcodes import EXPIRED, NO, OK, SURVIVORS, TOOL, UNIT_FAILED, USAGE
 from hold_supervisor.parse import BadValue
+from hold_supervisor.stack.wire import StackEv, StackOp
 
 if TYPE_CHECKING:
     from hold_supervisor.proc.tree import Tree
@@ -64,7 +65,7 @@ _OWN_GRACE = 5.0  # the grace of that stop of our own
 
 def main_down(name: str) -> int:
     def progress(msg: dict[str, Any]) -> float | None:
-        if msg.get("ev") == "stopping":
+        if msg.get("ev") == StackEv.STOPPING:
             say(f"stopping stack {name}...", PROG)
             # The stack says how long its stop may take (each unit's grace...).
             within = msg.get("within")
@@ -75,9 +76,9 @@ def main_down(name: str) -> int:
 
     heard = True
     try:
-        ans = ask(name, {"op": "down"}, timeout=ANSWER_WAIT, on_message=progress)
+        ans = ask(name, {"op": StackOp.DOWN}, timeout=ANSWER_WAIT, on_message=progress)
     except ConnectionResetError:
-        ans = {"ev": "stopped", "code": 0, "survivors": []}  # it was already stopping
+        ans = {"ev": StackEv.STOPPED, "code": 0, "survivors": []}  # it was already stopping
         heard = False
     except NoAnswer as e:
         return _down_unanswered(name, e)
@@ -86,7 +87,7 @@ def main_down(name: str) -> int:
         return USAGE
     if ans is None:
         return _down_starting(name)
-    if ans.get("ev") == "error":
+    if ans.get("ev") == StackEv.ERROR:
         say(str(ans.get("error")), PROG)
         return int(ans.get("code", USAGE))
     # Its answer comes once every unit is proven gone and the name is free. After
@@ -342,12 +343,14 @@ def main_restart(name: str, unit: str) -> int:
 
     def progress(msg: dict[str, Any]) -> float | None:
         within = msg.get("within")
-        if msg.get("ev") == "restarting" and isinstance(within, (int, float)):
+        if msg.get("ev") == StackEv.RESTARTING and isinstance(within, (int, float)):
             return float(within) + _MARGIN
         return None
 
     try:
-        ans = ask(name, {"op": "restart", "unit": unit}, timeout=ANSWER_WAIT, on_message=progress)
+        ans = ask(
+            name, {"op": StackOp.RESTART, "unit": unit}, timeout=ANSWER_WAIT, on_message=progress
+        )
     except NoAnswer as e:
         pid = supervisor_of(name)
         if e.heard is not None:
@@ -365,7 +368,7 @@ def main_restart(name: str, unit: str) -> int:
     if ans is None:
         no_such_stack(name, "hold restart")
         return NO
-    if ans.get("ev") == "error":
+    if ans.get("ev") == StackEv.ERROR:
         say(str(ans.get("error")), "hold restart")
         return int(ans.get("code", UNIT_FAILED))
     say(f"{unit} restarted (pid {ans.get('pid')})", "hold restart")

@@ -13,6 +13,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "_HOLD_COMPLETE" in os.environ and _answered("hold"):  # first: a TAB is a start-up
+        return 0
     from hold.errors import HoldError
     from hold_supervisor.errors import SupervisorError
 
@@ -22,8 +24,13 @@ def main(argv: list[str] | None = None) -> int:
         # The one place an error of either package becomes an exit status: bad
         # input found deep down is still exit 2, a tool failure 125, never a
         # traceback.
-        print(f"hold: {e}", file=sys.stderr)
+        print(f"{_prog(argv if argv is not None else sys.argv[1:])}: {e}", file=sys.stderr)
         return e.exit_code
+
+
+def _prog(argv: list[str]) -> str:
+    """The name an error is said under: ``hold status``, ``hold`` before a command."""
+    return f"hold {argv[0]}" if argv and argv[0].isalpha() else "hold"
 
 
 def _main(argv: list[str]) -> int:
@@ -83,6 +90,14 @@ def _main(argv: list[str]) -> int:
         raise
 
 
+def _answered(prog: str) -> bool:
+    """The shell asked ``prog`` to complete a word: answered without click where
+    :mod:`hold.cli.answers` can (most TABs); False: click's turn."""
+    from hold.cli.answers import answer, complete_var
+
+    return answer(prog, os.environ.get(complete_var(prog), ""))
+
+
 def _plain_up(args: list[str]) -> bool:
     """``FILE``, ``--detach FILE`` or ``FILE --detach`` (``-d`` too); all else is click's."""
     flags = [a for a in args if a in ("--detach", "-d")]
@@ -91,7 +106,9 @@ def _plain_up(args: list[str]) -> bool:
 
 
 def npu_main() -> int:
-    if "_NPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.cli.completion)
+    if "_NPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.cli.answers)
+        if _answered("npu-hold"):
+            return 0
         from hold.cli.completion import complete_program
 
         return complete_program("npu-hold")
@@ -99,7 +116,9 @@ def npu_main() -> int:
 
 
 def gpu_main() -> int:
-    if "_GPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.cli.completion)
+    if "_GPU_HOLD_COMPLETE" in os.environ:  # the shell completing (hold.cli.answers)
+        if _answered("gpu-hold"):
+            return 0
         from hold.cli.completion import complete_program
 
         return complete_program("gpu-hold")

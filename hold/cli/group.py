@@ -55,8 +55,14 @@ def run_cmd(args: tuple[str, ...]) -> None:
     raise SystemExit(main_run(list(args)))
 
 
+def _prog() -> str:
+    """The command's name, as errors are said under it: ``hold release``."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.command_path if ctx is not None else "hold"
+
+
 def _fail(msg: str, code: int = USAGE) -> None:
-    click.echo(f"hold: {msg}", err=True)
+    click.echo(f"{_prog()}: {msg}", err=True)
     raise SystemExit(code)
 
 
@@ -134,7 +140,7 @@ def _install(unit_dir: str, start: bool) -> None:
 
     try:
         for line in install(unit_dir, start):
-            click.echo(f"hold: {line}")
+            click.echo(f"{_prog()}: {line}")
     except DaemonCommandError as e:
         _fail(str(e), e.exit_code)
     raise SystemExit(0)
@@ -145,7 +151,7 @@ def _reload() -> None:
 
     _classes()  # the file must read before the daemon is asked to
     try:
-        click.echo(f"hold: {reload(_state_dir())}")
+        click.echo(f"{_prog()}: {reload(_state_dir())}")
     except DaemonCommandError as e:
         _fail(str(e), e.exit_code)
     raise SystemExit(0)
@@ -297,8 +303,10 @@ def release_cmd(lease_id: str) -> None:
         )
     survivors = ans.get("survivors") or []
     for s in survivors:
-        click.echo(f"hold: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True)
-    click.echo(f"hold: lease {lease_id} released")
+        click.echo(
+            f"{_prog()}: survivor pid {s['pid']} ({s['found_by']}): {s['command']}", err=True
+        )
+    click.echo(f"{_prog()}: lease {lease_id} released")
     raise SystemExit(SURVIVORS if survivors else 0)
 
 
@@ -307,15 +315,25 @@ def release_cmd(lease_id: str) -> None:
     "--device",
     "cls",
     default=None,
-    metavar="CLASS",
-    help="Only this device class.",
+    metavar="CLASS[:INDEX,...]",
+    help="Only this device class (only these of its devices).",
     shell_complete=class_values,
 )
+@click.option("--user", default=None, metavar="USER", help="Only this user's processes (or uid).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
 @click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
 @click.option("--yes", is_flag=True, help="With --kill: do not ask.")
 @click.option("--grace", default="10s", show_default=True, help="With --kill: grace period.")
-def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str) -> None:
+@click.option("--log", default=None, metavar="FILE", help="Append a JSON line per stray to FILE.")
+def audit_cmd(
+    cls: str | None,
+    user: str | None,
+    as_json: bool,
+    kill: bool,
+    yes: bool,
+    grace: str,
+    log: str | None,
+) -> None:
     """Every process holding a device node, and the lease that covers it (or STRAY).
 
     Exit 0 when every holder is covered, 1 when any is stray, 3 when --kill
@@ -323,7 +341,7 @@ def audit_cmd(cls: str | None, as_json: bool, kill: bool, yes: bool, grace: str)
     """
     from hold.cli.audit import run_audit  # also hold.cli.entry's way in, without click
 
-    raise SystemExit(run_audit(cls, as_json, kill, yes, grace))
+    raise SystemExit(run_audit(cls, as_json, kill, yes, grace, user, log))
 
 
 # ---------------------------------------------------------------------- stacks (hold.cli.stack)
@@ -370,14 +388,14 @@ def metrics_cmd(output: str | None) -> None:
     leased, holder, waiters, lease age, strays; per class grants, expiries, waits."""
     from hold.views.audit import build_report
     from hold.views.metrics import main_metrics
-    from hold_supervisor.safefile import UnsafePath
+    from hold_supervisor.safefile import UnsafePath, WriteFailed
 
     _, classes = _classes()
     ans = _client().request({"op": Op.STATUS})
     try:
         raise SystemExit(main_metrics(ans, build_report(_state_dir(), classes, None), output))
-    except (UnsafePath, OSError) as e:
-        _fail(f"cannot write {output}: {e}")
+    except (UnsafePath, WriteFailed) as e:  # each names the file it could not write
+        _fail(str(e))
 
 
 @cli.command("up")

@@ -212,7 +212,7 @@ class Run:
 
     def execute(self) -> int:
         """Connect, wait in line, run the command in the foreground; its exit status."""
-        from hold_supervisor.environ import minimal_env
+        from hold_supervisor.environ import DEFAULT_ALLOW, minimal_env
         from hold_supervisor.proc.cgroup import CgroupUnavailable, hierarchy_for
         from hold_supervisor.spawn.child import SpawnError, resolve
 
@@ -223,7 +223,15 @@ class Run:
             self.say(f"cgroups: required, but {e}")
             return exitcodes.USAGE
         tree_id = os.urandom(6).hex()
-        env = minimal_env(os.environ, tree_id=tree_id, pass_names=args.pass_env, extra=args.env)
+        # Inside a Slurm job the command stays in it: SLURM_* (job id, step, rank,
+        # its GPUs) describe the job, and a distributed program reads them.
+        env = minimal_env(
+            os.environ,
+            tree_id=tree_id,
+            allow=(*DEFAULT_ALLOW, "SLURM_*"),
+            pass_names=args.pass_env,
+            extra=args.env,
+        )
         try:  # refuse a missing command before taking anyone's device
             resolve(args.command[0], env.get("PATH"))
         except SpawnError as e:

@@ -38,6 +38,7 @@ from hold.cli.up import main_up
 from hold.cli.validate import main_validate
 from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
 from hold_supervisor.parse import BadValue, format_duration
+from hold_supervisor.stack.wire import StackOp
 from hold_supervisor.width import columns, fit, table
 
 __all__ = [
@@ -68,7 +69,7 @@ def main_ps(name: str | None, as_json: bool) -> int:
             stacks, silent = running_stacks()
         else:
             try:
-                ans = ask(name, {"op": "ps"}, timeout=PS_WAIT)
+                ans = ask(name, {"op": StackOp.PS}, timeout=PS_WAIT)
             except NoAnswer:
                 ans = None
                 silent = [name]

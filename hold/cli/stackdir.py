@@ -170,6 +170,7 @@ def running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
     import threading
 
     from hold_supervisor.stack.controlsock import NoAnswer, request
+    from hold_supervisor.stack.wire import StackOp
 
     base = open_sd().stacks()
     socks = {
@@ -181,7 +182,7 @@ def running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
 
     def one(name: str) -> None:
         try:
-            answers[name] = request(socks[name], {"op": "ps"}, timeout=PS_WAIT)
+            answers[name] = request(socks[name], {"op": StackOp.PS}, timeout=PS_WAIT)
         except NoAnswer:
             answers[name] = None
         except (OSError, ValueError):

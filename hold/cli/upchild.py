@@ -5,7 +5,7 @@ supervisor (or starts ``python -P -m hold.cli.upchild SPEC_FD STATUS_FD``) *befo
 it reads the stack file, so that the supervisor's imports overlap the
 validation. Once the file is checked, it writes the resolved stack on SPEC_FD as one JSON document
 (``{"spec", "settings", "run_for"}``: :func:`hold_supervisor.stackfile.spec.to_json` and
-:class:`hold.cli.up.UpSettings`) and reads STATUS_FD (:class:`hold.cli.up.StatusPipe`)
+:class:`hold.cli.stackrun.UpSettings`) and reads STATUS_FD (:class:`hold.cli.stackrun.StatusPipe`)
 until the stack is up or has failed. An empty SPEC_FD (the command refused the
 file, or died) ends the supervisor before it did anything.
 
@@ -24,7 +24,7 @@ import sys
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from hold.cli.up import UpSettings
+    from hold.cli.stackrun import UpSettings
     from hold_supervisor.stackfile.spec import StackSpec
 
 
@@ -185,7 +185,7 @@ def main(argv: list[str]) -> int:
 
 def _run(doc: dict[str, object], status_fd: int) -> int:
     from hold.cli.stackdir import open_sd, run_dir_of
-    from hold.cli.up import StatusPipe, UpSettings, run_up
+    from hold.cli.stackrun import StatusPipe, UpSettings, run_up
     from hold_supervisor.exitcodes import USAGE
     from hold_supervisor.parse import BadValue
     from hold_supervisor.safefile import UnsafePath, ensure_dir, open_for_append

@@ -3,7 +3,8 @@ client starts one), starts ``hold daemon --detach`` and waits for the socket
 to answer, with a deadline. The daemon refuses to run twice for one state
 directory, so a race past the lock still leaves exactly one.
 
-Apart from :mod:`hold.client.connection`: only a client that found no daemon needs it.
+Apart from :mod:`hold.client.connection` (which loads it only when no daemon
+answered); it probes the socket through :mod:`hold.client.reach`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 import time
 
-from hold.client.connection import DaemonUnreachable, UnsafeStateFile, _try_connect
+from hold.client.reach import DaemonUnreachable, UnsafeStateFile, try_connect
 from hold.statedir import StateDir
 from hold_supervisor.safefile import UnsafePath, check_file, open_for_append, open_for_read
 
@@ -24,14 +25,14 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     try:
         with filelock.FileLock(sd.start_lock, timeout=timeout):
-            probe = _try_connect(sd.socket, sd)
+            probe = try_connect(sd.socket, sd)
             if probe is not None:
                 probe.close()
                 return
             _check_state_files(sd)
             started = _spawn_daemon(sd, timeout)
             while time.monotonic() < deadline:
-                probe = _try_connect(sd.socket, sd)
+                probe = try_connect(sd.socket, sd)
                 if probe is not None:
                     probe.close()
                     _say_started(sd)

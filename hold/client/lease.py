@@ -84,6 +84,15 @@ def acquire_lease(
     # Inside an allocation (a Slurm job, a container) only the devices this
     # caller can use are asked for; the daemon grants from those alone.
     allowed = usable_indices(klass, os.environ) if klass is not None else None
+    wanted = len(indices) if indices else count
+    short = allowed is not None and len(set(allowed) & set(indices or allowed)) < wanted
+    if klass is not None and short:
+        # Refused here, saying why (a Slurm job given no GPU must not wait in line).
+        from hold.devices.gpuids import why_unusable
+        from hold_supervisor.exitcodes import USAGE
+
+        say(why_unusable(klass, os.environ, wanted))
+        return USAGE
     ask = {
         "op": Op.ACQUIRE,
         "cls": cls,

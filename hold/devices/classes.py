@@ -264,7 +264,7 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
         if len(problems) == found:
             out[name] = DeviceClass(name, **fields)
     if problems:
-        from hold.config import refusal
+        from hold_supervisor.yamlsafe import refusal  # PyYAML: loaded above already
 
         error = refusal(path, problems)
         assert error is not None

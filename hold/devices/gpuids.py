@@ -216,3 +216,32 @@ def usable_indices(cls: DeviceClass, environ: Mapping[str, str]) -> list[int] | 
                 break
             named.add(ok[entry])
     return sorted(named & set(ok))
+
+
+def why_unusable(cls: DeviceClass, environ: Mapping[str, str], wanted: int) -> str:
+    """Why a caller may use fewer of ``cls``'s devices than the ``wanted`` it asks
+    for (see :func:`usable_indices`), in words: the nodes it may not open, the
+    variable that names the others, and inside a Slurm job, what the job was given."""
+    nodes = cls.device_nodes()
+    allowed = usable_indices(cls, environ)
+    have = "none" if not allowed else ", ".join(f"{cls.name}:{i}" for i in allowed or ())
+    parts = [f"cannot lease {wanted} {cls.name} device(s) from here: this process may use {have}"]
+    denied = [p for p in nodes if not can_use(p)]
+    if denied:
+        parts.append(
+            "the device cgroup (or the files' permissions) denies "
+            + ", ".join(denied[:4])
+            + (f" and {len(denied) - 4} more" if len(denied) > 4 else "")
+        )
+    var = restricting_var(cls)
+    if var is not None and var in environ:
+        parts.append(f"{var}={environ[var]!r} names the devices it may use")
+    job = environ.get("SLURM_JOB_ID")
+    if job is not None:
+        gpus = environ.get("SLURM_STEP_GPUS", environ.get("SLURM_JOB_GPUS"))
+        given = f"GPU(s) {gpus}" if gpus else "no GPU"
+        parts.append(
+            f"Slurm job {job} was given {given}: ask for them with "
+            f"srun/sbatch --gres={cls.name}:{wanted}"
+        )
+    return "; ".join(parts)

@@ -25,7 +25,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, NamedTuple, NoReturn
 
 from hold.devices.classes import DeviceClass
@@ -55,14 +55,26 @@ class Holder(NamedTuple):
     node: str
 
 
-def targets(classes: dict[str, DeviceClass], only: str | None = None) -> dict[Key, Target]:
-    """Every node of the classes, by the keys a holder's descriptor or mapping can show."""
+def targets(
+    classes: dict[str, DeviceClass],
+    only: str | None = None,
+    units: Collection[int] | None = None,
+) -> dict[Key, Target]:
+    """Every node of the classes, by the keys a holder's descriptor or mapping can show.
+
+    ``only``: one class; ``units``: only these devices of it, and none of its
+    shared nodes (a process that holds only ``/dev/nvidiactl`` uses no device
+    in particular).
+    """
     out: dict[Key, Target] = {}
     for cls in classes.values():
         if only is not None and cls.name != only:
             continue
         for index, path in enumerate(cls.device_nodes()):
-            _add(out, path, Target(cls.name, index, path))
+            if units is None or index in units:
+                _add(out, path, Target(cls.name, index, path))
+        if units is not None:
+            continue
         for pattern in cls.shared_nodes:
             for path in sorted(glob.glob(pattern)):
                 _add(out, path, Target(cls.name, None, path))

@@ -208,8 +208,20 @@ def _cgroup_dir(pid: int) -> str | None:
 # ---------------------------------------------------------------- the report
 
 
+class Only(NamedTuple):
+    """What an audit looks at: a class (None: all), its devices (None: all, with
+    its shared nodes), the holders of one uid (None: everyone's)."""
+
+    cls: str | None = None
+    units: tuple[int, ...] | None = None
+    uid: int | None = None
+
+
 def build_report(
-    sd: StateDir, classes: dict[str, DeviceClass], only: str | None, nvml: Prefetch | None = None
+    sd: StateDir,
+    classes: dict[str, DeviceClass],
+    only: Only | str | None,
+    nvml: Prefetch | None = None,
 ) -> dict[str, Any]:
     """Scan and attribute; the ``--json`` document (schema version 1).
 
@@ -219,18 +231,21 @@ def build_report(
     gets a row for the class's shared nodes (``index`` None). ``nvml``: NVML's
     figures, asked for early (:func:`hold.cli.audit.run_audit`).
     """
-    tgts = targets(classes, only)
+    if not isinstance(only, Only):
+        only = Only(only)
+    tgts = targets(classes, only.cls, only.units)
     result = scan(tgts, forks=True)
+    holders = [h for h in result.holders if only.uid is None or h.uid == only.uid]
     # The holders' ancestors only, read as asked: a snapshot of every process
     # would be a second walk of /proc, as long as the scan's listing.
     procs = procscan.Stats()
     leases = live_leases(sd)
     ended = ended_leases(sd)
-    mem = device_memory(result.holders, nvml.result if nvml is not None else None)
+    mem = device_memory(holders, nvml.result if nvml is not None else None)
     users: dict[int, str] = {}  # each uid looked up once (NSS reads /etc/passwd per call)
     rows = []
     for h, shared in sorted(
-        one_row_per_device(result.holders),
+        one_row_per_device(holders),
         key=lambda r: (r[0].cls, -1 if r[0].unit is None else r[0].unit, r[0].pid),
     ):
         if classes[h.cls].allows(h.pid, h.uid):
@@ -289,6 +304,35 @@ def one_row_per_device(holders: list[Holder]) -> list[tuple[Holder, list[str]]]:
         if key not in own:
             hs.sort(key=lambda x: x.node)
             out.append((hs[0], [x.node for x in hs]))
+    return out
+
+
+def stray_lines(doc: dict[str, Any]) -> list[str]:
+    """``--log``'s lines: one JSON object per stray row, with what ``--kill`` did to
+    it (``stopped``, ``outcome``, ``survivors``: absent without ``--kill``), when,
+    on which host, and in a Slurm job's epilog which job (``SLURM_JOB_ID``)."""
+    import json
+    import socket
+
+    killed = {k["pid"]: k for k in doc.get("killed", [])}
+    now = round(time.time(), 3)
+    host = socket.gethostname()
+    job = os.environ.get("SLURM_JOB_ID")
+    keep = ("device", "node", "pid", "uid", "user", "command", "age_s", "lease", "why")
+    out = []
+    for r in doc["holders"]:
+        if r["covered"]:
+            continue
+        line: dict[str, Any] = {"time": now, "host": host, **{k: r[k] for k in keep}}
+        if job is not None:
+            line["slurm_job_id"] = job
+        k = killed.get(r["pid"])
+        if k is not None:
+            line["stopped"] = k["stopped"]
+            for key in ("outcome", "why", "survivors"):
+                if key in k:
+                    line[f"kill_{key}"] = k[key]
+        out.append(json.dumps(line, sort_keys=True) + "\n")
     return out
 
 

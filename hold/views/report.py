@@ -101,7 +101,7 @@ def _from_file(
         ) from None
     if silent is not None:
         print(
-            f"hold: {silent}; the report is read from its history file here "
+            f"hold report: {silent}; the report is read from its history file here "
             "(leases still live are not in it)",
             file=sys.stderr,
         )

@@ -304,13 +304,13 @@ def main_web(sd: StateDir, classes: dict[str, DeviceClass], listen: str) -> int:
     try:
         where = parse_listen(listen)
     except BadValue as e:
-        print(f"hold: {e}", file=sys.stderr)
+        print(f"hold web: {e}", file=sys.stderr)
         return USAGE
     _start_daemon(sd)
     try:
         server = WebServer(where, Sources(sd, classes, _report_labels()))
     except OSError as e:
-        print(f"hold: cannot listen on {listen}: {e.strerror or e}", file=sys.stderr)
+        print(f"hold web: cannot listen on {listen}: {e.strerror or e}", file=sys.stderr)
         return USAGE
     if not where.loopback:
         print(exposure_warning(where, os.geteuid()), file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hold_supervisor.cause import Cause
 from hold_supervisor.exitcodes import BUSY, OK, SURVIVORS, UNIT_FAILED, USAGE
+from hold_supervisor.jsonlines import MAX_LINE, BadJSON, LineBuffer
 from hold_supervisor.parse import did_you_mean
 from hold_supervisor.proc.stop import stop_tree
 from hold_supervisor.spawn.child import owned_pids
@@ -26,6 +27,7 @@ from hold_supervisor.stack.eventtypes import OnMain, Outcome, Result
 from hold_supervisor.stack.start import launch, start_and_wait
 from hold_supervisor.stack.state import StackState
 from hold_supervisor.stack.units import TaskUnit, Unit, reap
+from hold_supervisor.stack.wire import StackEv, StackOp
 from hold_supervisor.states import CallState, UnitState, advance
 
 if TYPE_CHECKING:
@@ -41,20 +43,26 @@ _LOOK = 0.1  # how often a queued call's state is looked at (its start told at o
 _MARGIN = 10.0
 
 
+_ASKED = ", ".join(o for o in StackOp if o != StackOp.CANCEL)  # CANCEL: on a call's line only
+
+
 def on_request(st: StackState, msg: Message, reply: Reply) -> None:
     """In a control connection's thread: answer ps here; hand the rest to the main thread."""
     op = msg.get("op")
-    if op == "ps":
+    if op == StackOp.PS:
         reply.send(_ps(st), done=True)
-    elif op == "call":
+    elif op == StackOp.CALL:
         _serve_call(st, msg, reply)
-    elif op == "down":
+    elif op == StackOp.DOWN:
         st.post(OnMain(lambda: _down(st, reply)))
-    elif op == "restart":
+    elif op == StackOp.RESTART:
         st.post(OnMain(lambda: _restart(st, str(msg.get("unit")), reply)))
     else:
         reply.send(
-            {"ev": "error", "error": f"unknown op {op!r}; accepted: ps, down, restart, call"},
+            {
+                "ev": StackEv.ERROR,
+                "error": f"unknown op {op!r}; accepted: {_ASKED}",
+            },
             done=True,
         )
 
@@ -63,7 +71,7 @@ def _ps(st: StackState) -> dict[str, Any]:
     now = time.monotonic()
     runners = [t.runner for t in st.tasks.values() if t.runner is not None]
     return {
-        "ev": "ps",
+        "ev": StackEv.PS,
         "stack": st.name,
         "pid": os.getpid(),
         "file": os.path.abspath(st.source),
@@ -106,11 +114,11 @@ def _serve_call(st: StackState, msg: Message, reply: Reply) -> None:
             msg.get("args", {}), text_args=text_args, no_wait=bool(msg.get("no_wait"))
         )
     except CallRefused as e:
-        reply.send({"ev": "error", "code": e.code, "errors": e.errors}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": e.code, "errors": e.errors}, done=True)
         return
     reply.send(
         {
-            "ev": "accepted",
+            "ev": StackEv.ACCEPTED,
             "call": call.id,
             "unit": t.name,
             "state": call.state,
@@ -121,7 +129,7 @@ def _serve_call(st: StackState, msg: Message, reply: Reply) -> None:
     )
     _follow_call(call, reply)
     r = call.result()
-    ans = {"ev": "result", **r.to_json(stdout=False)}
+    ans = {"ev": StackEv.RESULT, **r.to_json(stdout=False)}
     ans["stdout_b64"] = base64.b64encode(r.stdout).decode()
     reply.send(ans, done=True)
 
@@ -139,19 +147,19 @@ def _task_to_call(
         why = f"{name!r} is {what} of stack {st.name} (task units: {tasks})"
         if isinstance(name, str) and name not in st.units:
             why += did_you_mean(name, list(st.tasks))
-        reply.send({"ev": "error", "code": 2, "errors": [why]}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": 2, "errors": [why]}, done=True)
         return None
     if st.phase != "running" or st.cause is not None:
         state = "stopping" if st.cause is not None else st.phase
         why = f"stack {st.name} is {state}: calls are taken while it is up"
-        reply.send({"ev": "error", "code": BUSY, "errors": [why]}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": BUSY, "errors": [why]}, done=True)
         return None
     text_args = msg.get("text_args") or {}
     if not isinstance(text_args, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in text_args.items()
     ):
         why = "text_args: a mapping of names to text"
-        reply.send({"ev": "error", "code": 2, "errors": [why]}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": 2, "errors": [why]}, done=True)
         return None
     return t, text_args
 
@@ -179,17 +187,17 @@ def _follow_call(call: Call, reply: Reply) -> None:
         client = reply.fileno()
         if client >= 0:
             poller.register(client, select.POLLIN | select.POLLRDHUP)
-        asked = b""
+        asked = LineBuffer(MAX_LINE)
         running_told = False
         beat_at = time.monotonic() + CALL_BEAT
         while not call.done():
             queued = call.state == CallState.QUEUED
             if not queued and not running_told:
                 running_told = True
-                reply.send({"ev": "running", "call": call.id})
+                reply.send({"ev": StackEv.RUNNING, "call": call.id})
             elif queued and time.monotonic() >= beat_at:
                 beat_at = time.monotonic() + CALL_BEAT
-                reply.send({"ev": "queued", "call": call.id})
+                reply.send({"ev": StackEv.QUEUED, "call": call.id})
             for fd, _ev in poller.poll(_LOOK * 1000 if queued else None):
                 if fd != client:
                     continue
@@ -198,9 +206,11 @@ def _follow_call(call: Call, reply: Reply) -> None:
                     poller.unregister(client)
                     call.cancel("the caller went away (hold call ended)")
                     continue
-                asked = (asked + data)[-256:]
-                if b'"cancel"' in asked:
-                    call.cancel("cancelled by the caller")
+                asked.push(data)
+                why = _asks_cancel(asked)
+                if why is not None:
+                    poller.unregister(client)
+                    call.cancel(why)
     finally:
         with lock:
             closed = True
@@ -208,12 +218,28 @@ def _follow_call(call: Call, reply: Reply) -> None:
             os.close(wake_w)
 
 
+def _asks_cancel(asked: LineBuffer) -> str | None:
+    """Why the call is to be cancelled, from the lines its client sent since: it
+    asked (``{"op": "cancel"}``), or it sent a line that is not valid (the
+    connection is then out of step, and ends as if closed); None: go on.
+    Nothing else is asked on a call's connection: other requests are passed over."""
+    while True:
+        try:
+            msg = asked.next()
+        except BadJSON as e:
+            return f"the caller sent a line that is not valid ({e})"
+        if msg is None:
+            return None
+        if msg.get("op") == StackOp.CANCEL:
+            return "cancelled by the caller"
+
+
 # ---------------------------------------------------------------------- down, restart
 
 
 def _down(st: StackState, reply: Reply) -> None:
     """Main thread: stop the stack; the reply waits for the end (see stackstop.finish)."""
-    reply.send({"ev": "stopping", "within": _stop_bound(st)})
+    reply.send({"ev": StackEv.STOPPING, "within": _stop_bound(st)})
     st.down_waiters.append(reply)
     if st.cause is None:
         st.cause = Cause("down", "hold down", OK)
@@ -240,11 +266,11 @@ def _restart(st: StackState, name: str, reply: Reply) -> None:
             why = f"unit {name} is a task: it runs per call (hold call), never restarted"
         else:
             why += did_you_mean(name, list(st.units))
-        reply.send({"ev": "error", "code": USAGE, "error": why}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": USAGE, "error": why}, done=True)
         return
     if u.spec.kind == "oneshot":
         why = f"unit {name} is a oneshot ({u.state}): it runs once, when the stack starts"
-        reply.send({"ev": "error", "code": USAGE, "error": why}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": USAGE, "error": why}, done=True)
         return
     if (
         st.cause is not None
@@ -252,7 +278,7 @@ def _restart(st: StackState, name: str, reply: Reply) -> None:
         or u.state not in (UnitState.READY, UnitState.EXITED, UnitState.BACKOFF)
     ):
         why = f"unit {name} is {u.state}; try again when it is ready"
-        reply.send({"ev": "error", "code": BUSY, "error": why}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": BUSY, "error": why}, done=True)
         return
     u.restart_at = None
     u.total_restarts += 1
@@ -263,7 +289,7 @@ def _restart(st: StackState, name: str, reply: Reply) -> None:
     # How long it may take: its stop (grace, kill, check) and its start until ready.
     ready = u.spec.ready.timeout if u.spec.ready is not None else 0.0
     within = u.spec.stop.grace + ready + 2 * _MARGIN
-    reply.send({"ev": "restarting", "unit": name, "within": within})
+    reply.send({"ev": StackEv.RESTARTING, "unit": name, "within": within})
     launch(st, u, _manual_restart_job, reply=reply)
 
 
@@ -277,7 +303,9 @@ def _manual_restart_job(st: StackState, u: Unit, reply: Reply) -> None:
             if report.survivors:
                 why = "survivors after the stop for a restart"
                 st.post(Result(u, Outcome("failed", SURVIVORS, why)))
-                reply.send({"ev": "error", "code": SURVIVORS, "error": report.summary()}, done=True)
+                reply.send(
+                    {"ev": StackEv.ERROR, "code": SURVIVORS, "error": report.summary()}, done=True
+                )
                 return
         outcome = start_and_wait(st, u, True)
     except BaseException as e:
@@ -285,7 +313,7 @@ def _manual_restart_job(st: StackState, u: Unit, reply: Reply) -> None:
     st.post(Result(u, outcome))
     ending, code, why = outcome
     if ending == "ready":
-        reply.send({"ev": "restarted", "unit": u.name, "pid": u.pid}, done=True)
+        reply.send({"ev": StackEv.RESTARTED, "unit": u.name, "pid": u.pid}, done=True)
     else:
         why = f"{u.name}: {why or ending}"
-        reply.send({"ev": "error", "code": code or UNIT_FAILED, "error": why}, done=True)
+        reply.send({"ev": StackEv.ERROR, "code": code or UNIT_FAILED, "error": why}, done=True)

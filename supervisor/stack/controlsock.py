@@ -25,6 +25,7 @@ from typing import Any
 from hold_supervisor.errors import SupervisorError
 from hold_supervisor.exitcodes import EXPIRED
 from hold_supervisor.jsonlines import BadJSON, LineBuffer, dumps_line
+from hold_supervisor.stack.wire import StackEv
 from hold_supervisor.stackfile.name import (
     STACK_NAME as STACK_NAME,  # the name's rule, for its callers
 )
@@ -174,7 +175,9 @@ class ControlServer:
                 try:
                     msg = lines.next()
                 except BadJSON as e:
-                    reply.send({"ev": "error", "code": 2, "error": f"bad request: {e}"}, done=True)
+                    reply.send(
+                        {"ev": StackEv.ERROR, "code": 2, "error": f"bad request: {e}"}, done=True
+                    )
                     break
                 if msg is None:
                     break

@@ -39,6 +39,7 @@ from hold_supervisor.stack.plan import release, remove_leaves, write_record
 from hold_supervisor.stack.state import StackResult, StackState
 from hold_supervisor.stack.unitoutput import close_outputs
 from hold_supervisor.stack.units import Unit, reap, reap_if_exited
+from hold_supervisor.stack.wire import StackEv
 from hold_supervisor.states import UnitState, advance
 
 Reports = list[tuple[str, StopReport]]  # (what was stopped, its report)
@@ -225,7 +226,7 @@ def finish(st: StackState, result: StackResult) -> None:
         st.control.stop_listening()  # the socket gone before the name is free
     release(st)
     answer = {
-        "ev": "stopped",
+        "ev": StackEv.STOPPED,
         "code": result.code,
         "survivors": [s._asdict() for s in result.survivors],
     }

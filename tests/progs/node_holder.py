@@ -2,7 +2,8 @@
 
 Usage: node_holder.py OUT HOW PATH [--escape] [--child]
 
-HOW is ``fd`` (keep an open descriptor of PATH) or ``mmap`` (map PATH, then
+HOW is ``fd`` (keep an open descriptor of PATH), ``path`` (the same, opened
+with ``O_PATH``: a device node without its driver) or ``mmap`` (map PATH, then
 close every descriptor of it: only the mapping is left). The mapping is made
 through libc, not Python's ``mmap`` module, which keeps a duplicate of the
 descriptor for itself (before Python 3.13's ``trackfd=False``), so the
@@ -42,7 +43,9 @@ def sleep() -> None:
 
 
 def hold() -> None:
-    fd = os.open(path, os.O_RDONLY)
+    # ``path``: an O_PATH descriptor, for a node whose driver is not loaded
+    # (an open for reading would fail with ENXIO): it still names the node.
+    fd = os.open(path, os.O_PATH if how == "path" else os.O_RDONLY)
     if how == "mmap":
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
@@ -59,10 +62,10 @@ def hold() -> None:
         if addr in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), f"mmap {path}")
         os.close(fd)
-    elif how != "fd":
-        raise SystemExit(f"HOW must be fd or mmap, not {how!r}")
+    elif how not in ("fd", "path"):
+        raise SystemExit(f"HOW must be fd, path or mmap, not {how!r}")
     if "--child" in opts and os.fork() == 0:
-        if how == "fd":
+        if how != "mmap":
             os.close(fd)
         else:
             libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(4096))
