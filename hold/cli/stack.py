@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from hold.cli.down import main_down, main_restart
@@ -37,6 +38,7 @@ from hold.cli.up import main_up
 from hold.cli.validate import main_validate
 from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
 from hold_supervisor.parse import BadValue, format_duration
+from hold_supervisor.proc import usage
 from hold_supervisor.width import columns, fit, table
 
 __all__ = [
@@ -67,6 +69,10 @@ def main_ps(name: str | None, as_json: bool) -> int:
         else:
             try:
                 ans = ask(name, {"op": "ps"}, timeout=PS_WAIT)
+                if ans is not None and not as_json and _unrated(ans):
+                    # A CPU per cent needs two readings: the second, a moment later.
+                    time.sleep(SECOND_LOOK)
+                    ans = ask(name, {"op": "ps"}, timeout=PS_WAIT) or ans
             except NoAnswer:
                 ans = None
                 silent = [name]
@@ -95,6 +101,17 @@ def main_ps(name: str | None, as_json: bool) -> int:
     for n in silent:
         _say_silent(n)
     return EXPIRED if silent else 0
+
+
+SECOND_LOOK = 0.5  # seconds between two asks (the stack's least interval for a per cent)
+
+
+def _unrated(ans: dict[str, Any]) -> bool:
+    """Has a running unit figures but no CPU per cent yet (the first reading)?"""
+    return any(
+        u.get("pid") and isinstance(u.get("usage"), dict) and u["usage"]["cpu_percent"] is None
+        for u in ans.get("units", [])
+    )
 
 
 def _say_silent(name: str) -> None:
@@ -200,8 +217,8 @@ def _print_stack(s: dict[str, Any]) -> None:
             columns(sys.stdout),
         )
     )
-    head = ["UNIT", "KIND", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]
-    rows = [[*head, "LIVENESS"]]
+    head = ["UNIT", "KIND", "STATE", "PID", *usage.HEAD, "PORT", "RESTARTS", "UPTIME", "CPUS"]
+    rows = [[*head, "READY", "LIVENESS"]]
     optional = False
     for u in s["units"]:
         essential = u.get("essential", True)
@@ -212,6 +229,7 @@ def _print_stack(s: dict[str, Any]) -> None:
                 u.get("kind", "service"),
                 u["state"],
                 str(u["pid"] or "-"),
+                *usage.cells(u.get("usage")),
                 str(u["port"] or "-"),
                 str(u["restarts"]),
                 format_duration(u["uptime"]),
@@ -220,7 +238,7 @@ def _print_stack(s: dict[str, Any]) -> None:
                 u.get("liveness") or "-",
             ]
         )
-    print(_table(rows, flex=(9, 8)))
+    print(_table(rows, flex=(13, 12)))
     if optional:
         print("* not essential: its end is reported, the rest keeps running")
     calls = s.get("calls") or []
