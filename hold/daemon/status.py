@@ -69,6 +69,7 @@ def _holder(
         return {
             "lease": s.lease.lease_id,
             "label": label_for(s, viewer),
+            "private": s.lease.private,
             "pid": s.owner_pid,
             "user": s.user,
             "uid": s.uid,
