@@ -380,6 +380,12 @@ def test_ps_shows_what_each_unit_uses(tmp_path: Path, cgroup_mode: str) -> None:
         assert head[4:8] == ["CPU%", "CPU", "MEM", "PROCS"], head
         row = next(ln for ln in lines if ln.startswith("burn")).split()
         assert row[4].endswith("%") and row[6].endswith("MiB") and row[7] == "2", row
+        # hold ps: each stack's sum (the burner's two processes and sleep).
+        text = subprocess.run([*HOLD, "ps"], capture_output=True, text=True, check=True)
+        lines = text.stdout.splitlines()
+        assert lines[0].split()[4:8] == ["CPU%", "CPU", "MEM", "PROCS"], lines
+        row = next(ln for ln in lines if ln.startswith("figs")).split()
+        assert row[4].endswith("%") and row[6].endswith("MiB") and row[7] == "3", row
     finally:
         subprocess.run(
             [*HOLD, "down", "figs"], stdin=subprocess.DEVNULL, capture_output=True, timeout=120

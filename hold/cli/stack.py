@@ -66,6 +66,11 @@ def main_ps(name: str | None, as_json: bool) -> int:
     try:
         if name is None:
             stacks, silent = _running_stacks()
+            if not as_json and any(_unrated(s) for s in stacks):
+                time.sleep(SECOND_LOOK)  # a CPU per cent needs two readings
+                # Only those that answered: one that did not is not waited for twice.
+                again, _ = _running_stacks({s["stack"] for s in stacks})
+                stacks = again if len(again) == len(stacks) else stacks
         else:
             try:
                 ans = ask(name, {"op": "ps"}, timeout=PS_WAIT)
@@ -131,10 +136,10 @@ def public(ans: dict[str, Any]) -> dict[str, Any]:
     return {"version": PS_VERSION, **{k: v for k, v in ans.items() if k not in _WIRE}}
 
 
-def _running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
+def _running_stacks(only: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """The running stacks' ``ps`` answers, and the names of those that did not
     answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
-    stack costs that wait once, not once per stack)."""
+    stack costs that wait once, not once per stack). ``only``: these names alone."""
     import threading
 
     from hold_supervisor.stack.controlsock import NoAnswer, request
@@ -143,7 +148,8 @@ def _running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
     socks = {
         name: path
         for name in sorted(os.listdir(base))
-        if os.path.exists(path := os.path.join(base, name, "control.sock"))
+        if (only is None or name in only)
+        and os.path.exists(path := os.path.join(base, name, "control.sock"))
     }
     answers: dict[str, dict[str, Any] | None] = {}
 
@@ -187,7 +193,7 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
     if not stacks and not silent:
         print("no stack is running")
         return
-    rows = [["STACK", "PID", "UNITS", "READY", "UPTIME", "FILE"]]
+    rows = [["STACK", "PID", "UNITS", "READY", *usage.HEAD, "UPTIME", "FILE"]]
     for s in stacks:
         ready = sum(1 for u in s["units"] if u["state"] == "ready")
         rows.append(
@@ -196,6 +202,7 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
                 str(s["pid"]),
                 str(len(s["units"])),
                 str(ready),
+                *usage.cells(_stack_usage(s)),
                 format_duration(s["uptime"]),
                 s["file"],
             ]
@@ -203,9 +210,26 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
     for name in silent:
         rec = _record(name)
         pid = supervisor_of(name)
-        rows.append([name, str(pid or "?"), "?", "?", "not answering", str(rec.get("file", "?"))])
+        unknown = ["?"] * len(usage.HEAD)
+        rows.append(
+            [name, str(pid or "?"), "?", "?", *unknown, "not answering", str(rec.get("file", "?"))]
+        )
     rows[1:] = sorted(rows[1:])
-    print(_table(rows, flex=(5,)))
+    print(_table(rows, flex=(len(rows[0]) - 1,)))
+
+
+def _stack_usage(s: dict[str, Any]) -> dict[str, Any] | None:
+    """A stack's figures: the sum of its units' (a per cent only where each unit has one)."""
+    docs = [u["usage"] for u in s["units"] if isinstance(u.get("usage"), dict)]
+    if not docs:
+        return None
+    pcts = [d["cpu_percent"] for d in docs]
+    return {
+        "cpu_seconds": sum(d["cpu_seconds"] for d in docs),
+        "cpu_percent": None if None in pcts else sum(pcts),
+        "rss_bytes": sum(d["rss_bytes"] for d in docs),
+        "pids": sum(d["pids"] for d in docs),
+    }
 
 
 def _print_stack(s: dict[str, Any]) -> None:
