@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -520,3 +521,37 @@ def test_the_daemon_names_each_nvidia_device() -> None:
     assert _nvidia_minor("c195-3") == 3
     assert _nvidia_minor("c195-255") is None  # nvidiactl: no GPU
     assert _nvidia_minor("c226-128") is None and _nvidia_minor("f803-12") is None
+
+
+def test_the_status_names_an_nvidia_device_and_the_client_adds_its_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class over an NVIDIA GPU node (character major 195, made here): the daemon
+    says its minor, and ``with_gpu`` adds what NVML says of that minor (here the
+    fake driver of test_nvml: no GPU on this machine is asked)."""
+    node = tmp_path / "nvidia200"
+    try:
+        os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(195, 200))
+    except OSError as e:
+        pytest.skip(f"cannot make a device node here: {e}")
+    update_config(tmp_path, devices={"gpu": {"nodes": [str(node)]}})
+    ans = status()
+    [dev] = ans["classes"]["gpu"]["devices"]
+    assert dev["nvidia_minor"] == 200 and dev["holder"] is None
+    assert "gpu" not in dev  # no GPU 200 anywhere: nothing added
+    assert all("nvidia_minor" not in d for d in ans["classes"]["npu"]["devices"])
+
+    from test_nvml import FakeLib
+
+    from hold.devices import nvml
+    from hold.views.status import with_gpu
+
+    fake = FakeLib()
+    monkeypatch.setattr(nvml, "load", lambda: fake)
+    dev["nvidia_minor"] = 3  # a GPU the fake driver has
+    with_gpu(ans)
+    assert dev["gpu"] == {
+        "util_percent": 33,
+        "memory_used_bytes": 3 << 20,
+        "memory_total_bytes": 80 << 30,
+    }
