@@ -245,7 +245,7 @@ def test_a_lease_shows_what_its_processes_use(tmp_path: Path, cgroup_mode: str) 
     )
     [user] = rep["users"]
     assert user["cpu_s"] is not None and user["cpu_s"] >= second["cpu_seconds"] * 0.99
-    assert user["peak_bytes"] >= 3 * HELD // 2 and user["cpu_unmeasured"] == 0
+    assert user["peak_bytes"] >= HELD and user["cpu_unmeasured"] == 0
     [dev] = [d for d in rep["devices"] if d["device"] == "npu:0"]
     assert dev["cpu_s"] == pytest.approx(user["cpu_s"]) and dev["peak_bytes"] == user["peak_bytes"]
     words = subprocess.run([*HOLD, "report"], capture_output=True, text=True, check=True).stdout

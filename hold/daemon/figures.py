@@ -58,7 +58,10 @@ class Figures:
 
     def doc(self, s: SessionRec) -> dict[str, Any] | None:
         """The holder's ``usage`` in the status document (None: unknown)."""
-        got = self.read(s)
+        try:
+            got = self.read(s)
+        except (OSError, ValueError):  # a figure that cannot be read never fails the status
+            got = None
         if got is None or s.lease is None:
             return None
         return got.doc(self.rates.percent(s.lease.lease_id, got))
