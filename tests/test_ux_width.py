@@ -92,6 +92,16 @@ def test_the_width_rule() -> None:
     assert all(len(ln) <= 39 for ln in lines), lines
     assert lines[1].startswith("npu:0  ") and "..." in lines[1]
     assert table(["DEV", "A", "B"], rows, None, flex=(1, 2))[1].endswith("y" * 50)
+    # Columns that give way whole, in order, only while the rest cannot fit.
+    head = ["DEV", "CPU", "SINCE", "UNTIL", "LABEL"]
+    rows = [["npu:0", "12%", "12:00:00", "13:00:00", "a label"]]
+    wide = table(head, rows, 80, flex=(4,), drop=(2, 3))
+    assert wide[0].split() == head and wide[1].endswith("a label")
+    narrow = table(head, rows, 30, flex=(4,), drop=(2, 3))
+    assert narrow[0].split() == ["DEV", "CPU", "UNTIL", "LABEL"], narrow
+    assert narrow[1].split()[:3] == ["npu:0", "12%", "13:00:00"] and len(narrow[1]) <= 29
+    assert table(head, rows, 20, flex=(4,), drop=(2, 3))[0].split() == ["DEV", "CPU", "LABEL"]
+    assert table(head, rows, None, flex=(4,), drop=(2, 3))[0].split() == head  # piped: all
 
 
 # --------------------------------------------------------------------------
