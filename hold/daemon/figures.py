@@ -47,7 +47,10 @@ class Figures:
         trees = list(s.trees.values())
         if not trees:
             return None
-        got = usage.total(self._tree(s, t) for t in trees)
+        try:
+            got = usage.total(self._tree(s, t) for t in trees)
+        except (OSError, ValueError):  # a figure that cannot be read never fails a status or an end
+            return None
         if got is not None:
             lid = s.lease.lease_id
             peak = max(got.rss_bytes, got.peak_bytes or 0)
@@ -58,10 +61,7 @@ class Figures:
 
     def doc(self, s: SessionRec) -> dict[str, Any] | None:
         """The holder's ``usage`` in the status document (None: unknown)."""
-        try:
-            got = self.read(s)
-        except (OSError, ValueError):  # a figure that cannot be read never fails the status
-            got = None
+        got = self.read(s)
         if got is None or s.lease is None:
             return None
         return got.doc(self.rates.percent(s.lease.lease_id, got))
