@@ -342,6 +342,10 @@ def test_ps_shows_what_each_unit_uses(tmp_path: Path, cgroup_mode: str) -> None:
         f"    cmd: {json.dumps(burner_argv(tmp_path, 1))}\n"
         "  idle:\n"
         "    cmd: [sleep, '60']\n"
+        "  tool:\n"
+        "    kind: task\n"
+        f"    cmd: [{json.dumps(PY)}, -c, 'print(1)']\n"
+        '    cpus: "0"\n'
     )
     up = subprocess.run(
         [*HOLD, "up", "--detach", str(stack)],
@@ -375,18 +379,22 @@ def test_ps_shows_what_each_unit_uses(tmp_path: Path, cgroup_mode: str) -> None:
         assert 0 < later["cpu_percent"] <= 100 * CPUS + 5
         idle = units()["idle"]["usage"]
         assert idle["pids"] == 1 and idle["rss_bytes"] < HELD
+        # A task unit between calls: no one, or the stub parked in its next call's leaf.
+        tool = units()["tool"]["usage"]
+        assert tool["pids"] in (0, 1) and tool["rss_bytes"] < HELD, tool
+        assert tool["source"] == first["source"], tool
         text = subprocess.run([*HOLD, "ps", "figs"], capture_output=True, text=True, check=True)
         lines = text.stdout.splitlines()
         head = next(ln for ln in lines if ln.startswith("UNIT")).split()
         assert head[4:8] == ["CPU%", "CPU", "MEM", "PROCS"], head
         row = next(ln for ln in lines if ln.startswith("burn")).split()
         assert row[4].endswith("%") and row[6].endswith("MiB") and row[7] == "2", row
-        # hold ps: each stack's sum (the burner's two processes and sleep).
+        # hold ps: each stack's sum (the burner's two processes, sleep, a parked stub).
         text = subprocess.run([*HOLD, "ps"], capture_output=True, text=True, check=True)
         lines = text.stdout.splitlines()
         assert lines[0].split()[4:8] == ["CPU%", "CPU", "MEM", "PROCS"], lines
         row = next(ln for ln in lines if ln.startswith("figs")).split()
-        assert row[4].endswith("%") and row[6].endswith("MiB") and row[7] == "3", row
+        assert row[4].endswith("%") and row[6].endswith("MiB") and row[7] == str(3 + tool["pids"])
     finally:
         subprocess.run(
             [*HOLD, "down", "figs"], stdin=subprocess.DEVNULL, capture_output=True, timeout=120

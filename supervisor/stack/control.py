@@ -63,6 +63,7 @@ def _ps(st: StackState) -> dict[str, Any]:
     now = time.monotonic()
     runners = [t.runner for t in st.tasks.values() if t.runner is not None]
     # Each unit's figures (usage): read here, in the connection's thread.
+    since = st.since_ticks  # no unit's process started before the stack's supervisor
     return {
         "ev": "ps",
         "stack": st.name,
@@ -72,13 +73,13 @@ def _ps(st: StackState) -> dict[str, Any]:
         "uptime": round(now - st.started_at, 3),
         "run_dir": st.run_dir,
         "units": [
-            {**u.snapshot(now), "usage": st.figures.doc(u.name, u.leaf, u.tree)}
+            {**u.snapshot(now), "usage": st.figures.doc(u.name, u.leaf, u.tree, u.tree_id, since)}
             for u in st.units.values()
         ]
         + [
             {
                 **_task_row(t.runner.snapshot(st.phase == "running" and st.cause is None)),
-                "usage": st.figures.doc(t.name, t.leaf, None),
+                "usage": st.figures.doc(t.name, t.leaf, None, t.tree_id, since),
             }
             for t in st.tasks.values()
             if t.runner is not None

@@ -26,17 +26,23 @@ class UnitFigures:
         self.rates = usage.Rates()
         self.cache = ProcCache()
 
-    def doc(self, unit: str, leaf: Leaf | None, tree: Tree | None) -> dict[str, Any] | None:
-        """The unit's ``usage`` in ``hold ps --json`` (None: neither leaf nor tree yet)."""
+    def doc(
+        self, unit: str, leaf: Leaf | None, tree: Tree | None, tree_id: str, since: int
+    ) -> dict[str, Any] | None:
+        """The unit's ``usage`` in ``hold ps --json``: from its ``leaf``, else the
+        members of its current ``tree`` -- or, for a unit without one (a task
+        unit, whose calls carry its marker ``tree_id``; a service not started),
+        the processes with its marker that started after ``since`` (clock
+        ticks). None where the leaf is gone."""
         if leaf is not None:
             got = usage.of_leaf(leaf.path)
-        elif tree is not None:
-            look = Tree(
-                tree.tree_id, tree.root, tree.pgid, tree.sid, since=tree.since, cache=self.cache
-            )
-            got = usage.of_pids(look.members())
         else:
-            got = None
+            if tree is not None:
+                root, pgid, sid, since = tree.root, tree.pgid, tree.sid, tree.since
+            else:
+                root = pgid = sid = None
+            look = Tree(tree_id, root, pgid, sid, since=since, cache=self.cache)
+            got = usage.of_pids(look.members())
         if got is None:
             return None
         return got.doc(self.rates.percent(unit, got))
