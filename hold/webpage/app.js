@@ -177,6 +177,9 @@
   const REPORT_FIRST = ["user", "device", "seen", "pid", "leases", "leased_s", "held_s",
     "cpu_s", "peak_bytes", "wait_median_s", "wait_max_s", "expiries", "releases", "strays", "labels"];
 
+  // Headers shorter than the key's words (the table must fit the page).
+  const REPORT_HEADS = { peak_bytes: "PEAK MEM", cpu_unmeasured: "NO CPU" };
+
   function reportCell(key, v) {
     if (v === null || v === undefined) return "-";
     if (typeof v === "number" && key.endsWith("_s")) return span(v);
@@ -194,7 +197,7 @@
       ...keys.filter((k) => !REPORT_FIRST.includes(k))];
     const t = el("table");
     const wide = (c) => (c === "labels" || c === "command" || c === "ends" ? "wrap" : "");
-    const head = (c) => c.replace(/_s$/, "").replace(/_/g, " ").toUpperCase();
+    const head = (c) => REPORT_HEADS[c] || c.replace(/_s$/, "").replace(/_/g, " ").toUpperCase();
     fill(t, cols.map(head),
       list.map((x) => row(cols.map((c) => [reportCell(c, x[c]), wide(c)]))));
     return t;
