@@ -181,10 +181,11 @@ def _record(name: str) -> dict[str, Any]:
     return rec if isinstance(rec, dict) else {}
 
 
-def _table(rows: list[list[str]], flex: tuple[int, ...] = ()) -> str:
+def _table(rows: list[list[str]], flex: tuple[int, ...] = (), drop: tuple[int, ...] = ()) -> str:
     """The one table rule (:func:`hold_supervisor.width.table`): at a terminal, within
-    its width, the free-text columns in ``flex`` giving way first; piped, whole."""
-    return "\n".join(table(rows[0], rows[1:], columns(sys.stdout), flex=flex))
+    its width, the columns in ``drop`` left out whole (in order) where the rest
+    would not fit, then the free-text columns in ``flex`` giving way; piped, whole."""
+    return "\n".join(table(rows[0], rows[1:], columns(sys.stdout), flex=flex, drop=drop))
 
 
 def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
@@ -262,7 +263,9 @@ def _print_stack(s: dict[str, Any]) -> None:
                 u.get("liveness") or "-",
             ]
         )
-    print(_table(rows, flex=(13, 12)))
+    # At 80 columns the figures stay; the CPU mask, restarts, uptime, the
+    # readiness text and the port give way whole, in that order.
+    print(_table(rows, flex=(13, 12), drop=(11, 9, 10, 12, 8)))
     if optional:
         print("* not essential: its end is reported, the rest keeps running")
     calls = s.get("calls") or []
