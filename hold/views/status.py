@@ -19,7 +19,7 @@ from hold_supervisor.width import columns, fit, table
 
 HEAD = ("DEVICE", "STATE", "LEASE", "USER", "PID", *usage.HEAD, "LEFT", "UNTIL", "SINCE", "LABEL")
 # At a narrow terminal these give way whole, in this order (at 80 columns: SINCE and
-# UNTIL; LEFT stays): the until and since clock times, the process count, the CPU time.
+# UNTIL; LEFT stays): the since and until clock times, the process count, the CPU time.
 DROPPED = (11, 10, 8, 6)
 
 
