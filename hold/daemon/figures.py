@@ -40,11 +40,13 @@ class Figures:
         self._lock = threading.Lock()
         self._most: dict[str, tuple[float, int]] = {}  # lease id -> (CPU s, memory bytes)
 
-    def read(self, s: SessionRec) -> TreeUsage | None:
-        """The figures of ``s``'s trees now (None: no tree, or none could be read)."""
+    def read(self, s: SessionRec, *, leaves_only: bool = False) -> TreeUsage | None:
+        """The figures of ``s``'s trees now (None: no tree, or none could be read).
+        ``leaves_only``: only trees with a cgroup leaf (a few files each), never a
+        walk of /proc -- for the path that ends a lease, which runs per grant."""
         if s.lease is None:
             return None
-        trees = list(s.trees.values())
+        trees = [t for t in s.trees.values() if t.leaf or not leaves_only]
         if not trees:
             return None
         try:

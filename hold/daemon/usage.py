@@ -111,7 +111,8 @@ class Usage:
             self.count(s.lease.cls, "expiries")
         elif event == "session_ending" and lid is not None:
             self.why.setdefault(lid, str(kw.get("reason", "")))
-            self.figures.read(s)  # the last look, where its trees are still there
+            # The last look, where its leaves are still there (never a walk: per grant).
+            self.figures.read(s, leaves_only=True)
         elif event == "grant_blocked" and isinstance(kw.get("holders"), dict):
             # Said to the waiting session, which has no lease yet: the class from the node.
             for index, holders in kw["holders"].items():
