@@ -143,6 +143,20 @@ def format_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def format_bytes(n: int | None) -> str:
+    """Bytes for people: ``512B``, ``4.0KiB``, ``1.5GiB``; ``-`` for None."""
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n}B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f}{unit}"
+
+
 def format_when(ts: float, now: float | None = None) -> str:
     """A wall-clock time for people: ``13:37:09`` today, ``Wed 2 Dec 13:37`` on another
     day (with the year if not this one)."""

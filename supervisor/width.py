@@ -90,13 +90,19 @@ def table(
     *,
     flex: Sequence[int] = (),
     gap: str = "  ",
+    drop: Sequence[int] = (),
 ) -> list[str]:
     """Aligned lines (the header first) fitted to ``width``.
 
-    The columns in ``flex`` (the long free text: a label, a command, a
-    reason) give way first, the widest first; if even that is not enough the
-    lines are cut. With ``width`` None (not a terminal) nothing is cut.
+    The columns in ``drop`` are left out whole, in that order, while the
+    others could not fit even with the ``flex`` columns at their header's
+    width (a column of figures cut is worse than none). Then the columns in
+    ``flex`` (the long free text: a label, a command, a reason) give way,
+    the widest first; if even that is not enough the lines are cut. With
+    ``width`` None (not a terminal) nothing is cut or dropped.
     """
+    if width is not None and drop:
+        head, rows, flex = _dropped(head, rows, width, flex, gap, drop)
     all_rows = [list(head), *([shown(c) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(head))]
     if width is not None:
@@ -106,6 +112,35 @@ def table(
         cells = [cut(c, w).ljust(w) for c, w in zip(r, widths, strict=True)]
         out.append(fit(gap.join(cells).rstrip(), width))
     return out
+
+
+def _dropped(
+    head: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    flex: Sequence[int],
+    gap: str,
+    drop: Sequence[int],
+) -> tuple[list[str], list[list[str]], list[int]]:
+    """(head, rows, flex) without the ``drop`` columns the width has no room for."""
+    keep = list(range(len(head)))
+
+    def least() -> int:
+        sizes = [
+            len(head[i]) if i in flex else max(len(shown(r[i])) for r in [head, *rows])
+            for i in keep
+        ]
+        return sum(sizes) + len(gap) * (len(keep) - 1)
+
+    for i in drop:
+        if least() <= room(width):
+            break
+        keep.remove(i)
+    return (
+        [head[i] for i in keep],
+        [[r[i] for i in keep] for r in rows],
+        [keep.index(i) for i in flex if i in keep],
+    )
 
 
 def _shrink(widths: list[int], flex: Sequence[int], total: int, least: list[int]) -> None:

@@ -92,6 +92,20 @@ class FakeLib:
             infos[i].usedGpuMemory = used
         return 0
 
+    def nvmlDeviceGetUtilizationRates(self, h: ctypes.c_void_p, util: Any) -> int:
+        minor, rc = self._minor("util", h)
+        util._obj.gpu, util._obj.memory = 30 + minor, 7
+        return rc
+
+    def nvmlDeviceGetMemoryInfo(self, h: ctypes.c_void_p, mem: Any) -> int:
+        minor, rc = self._minor("memory", h)
+        mem._obj.total, mem._obj.free, mem._obj.used = (
+            80 << 30,
+            (80 << 30) - (minor << 20),
+            minor << 20,
+        )
+        return rc
+
     def nvmlDeviceGetGraphicsRunningProcesses_v3(
         self, h: ctypes.c_void_p, count: Any, infos: Any
     ) -> int:
@@ -109,6 +123,27 @@ def lib(monkeypatch: pytest.MonkeyPatch) -> FakeLib:
 def test_structures_are_nvml_h() -> None:
     assert ctypes.sizeof(nvml.ProcessInfo) == 24  # nvmlProcessInfo_v2_t
     assert ctypes.sizeof(nvml.PciInfo) == 68  # nvmlPciInfo_t
+
+
+def test_figures(lib: FakeLib) -> None:
+    """Utilisation and memory by minor; a call that fails leaves its figure None."""
+    assert ctypes.sizeof(nvml.Utilization) == 8 and ctypes.sizeof(nvml.Memory) == 24
+    got = nvml.figures()
+    assert got == {
+        3: nvml.GpuFigures(33, 3 << 20, 80 << 30),
+        0: nvml.GpuFigures(30, 0, 80 << 30),
+    }
+    assert got[3].doc() == {
+        "util_percent": 33,
+        "memory_used_bytes": 3 << 20,
+        "memory_total_bytes": 80 << 30,
+    }
+    assert lib.shutdowns == 1
+    lib.fail[("util", 3)] = NO_PERMISSION
+    lib.fail[("minor", 0)] = NO_PERMISSION  # no minor: the GPU cannot be named, left out
+    assert nvml.figures() == {3: nvml.GpuFigures(None, 3 << 20, 80 << 30)}
+    lib.init_rc = DRIVER_NOT_LOADED
+    assert nvml.figures() is None
 
 
 def test_gpus(lib: FakeLib) -> None:

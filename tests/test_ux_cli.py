@@ -54,11 +54,12 @@ def test_version_is_listed_in_help() -> None:
 
 
 def test_the_hot_path_stays_light() -> None:
-    """``npu-hold`` imports neither click, yaml, structlog nor importlib.metadata."""
+    """``npu-hold`` imports neither click, yaml, structlog, psutil nor importlib.metadata
+    (the run itself, lazy imports too: tests/test_figures.py)."""
     code = (
         "import sys, hold.cli.entry, hold.cli.run, hold.cli.runargs, hold.version; "
-        "print(','.join(m for m in ('click', 'yaml', 'structlog', 'importlib.metadata') "
-        "if m in sys.modules))"
+        "print(','.join(m for m in ('click', 'yaml', 'structlog', 'psutil', "
+        "'importlib.metadata') if m in sys.modules))"
     )
     res = run([sys.executable, "-c", code])
     assert res.returncode == 0, res.stderr

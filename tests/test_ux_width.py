@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import select
 import struct
 import subprocess
@@ -91,6 +92,16 @@ def test_the_width_rule() -> None:
     assert all(len(ln) <= 39 for ln in lines), lines
     assert lines[1].startswith("npu:0  ") and "..." in lines[1]
     assert table(["DEV", "A", "B"], rows, None, flex=(1, 2))[1].endswith("y" * 50)
+    # Columns that give way whole, in order, only while the rest cannot fit.
+    head = ["DEV", "CPU", "SINCE", "UNTIL", "LABEL"]
+    rows = [["npu:0", "12%", "12:00:00", "13:00:00", "a label"]]
+    wide = table(head, rows, 80, flex=(4,), drop=(2, 3))
+    assert wide[0].split() == head and wide[1].endswith("a label")
+    narrow = table(head, rows, 30, flex=(4,), drop=(2, 3))
+    assert narrow[0].split() == ["DEV", "CPU", "UNTIL", "LABEL"], narrow
+    assert narrow[1].split()[:3] == ["npu:0", "12%", "13:00:00"] and len(narrow[1]) <= 29
+    assert table(head, rows, 20, flex=(4,), drop=(2, 3))[0].split() == ["DEV", "CPU", "LABEL"]
+    assert table(head, rows, None, flex=(4,), drop=(2, 3))[0].split() == head  # piped: all
 
 
 # --------------------------------------------------------------------------
@@ -145,20 +156,18 @@ def test_status_fits_80_columns_at_a_terminal(queue: tuple[int, str]) -> None:
     assert_fits(text, 80)
     lines = text.splitlines()
     assert lines[0].startswith("arbiter: ")
-    assert lines[1].split() == [
-        "DEVICE",
-        "STATE",
-        "LEASE",
-        "USER",
-        "PID",
-        "UNTIL",
-        "SINCE",
-        "LABEL",
-    ]
+    # The resource figures stay; the clock times gave way whole (hold status --json has them).
+    head = ["DEVICE", "STATE", "LEASE", "USER", "PID", "CPU%", "CPU", "MEM", "PROCS", "LEFT"]
+    assert lines[1].split() == [*head, "LABEL"]
     row = next(ln for ln in lines if ln.startswith("npu:0"))
-    assert row.split()[:5] == ["npu:0", "active", lease, "root", str(pid)]
-    assert "left)" in row  # the time left on the lease
-    assert "'a-l" in row and LABEL not in row  # the label gave way
+    cells = row.split()
+    assert cells[:5] == ["npu:0", "active", lease, "root", str(pid)]
+    assert cells[5].endswith("%") and cells[8] == "1", row  # the gated holder: one process
+    assert re.fullmatch(r"[12]h\d\dm", cells[9]), row  # the time left of a 2h lease
+    assert "'a" in row and LABEL not in row  # the label gave way
+    # Wider, every column.
+    code, text = at_terminal([*HOLD, "status"], cols=160)
+    assert code == 0 and text.splitlines()[1].split() == [*head, "UNTIL", "SINCE", "LABEL"]
     assert any(ln.strip().startswith("queue 1: 'waiter'") for ln in lines), text
     assert any(ln.startswith("gpu:0") and "free" in ln for ln in lines), text
 

@@ -179,9 +179,14 @@ def status_cmd(as_json: bool) -> None:
     where its owner did not make it private. Devices leased through another
     arbiter (another user's own daemon) are shown from their kernel lock's record.
     """
-    from hold.views.status import main_status
+    from hold.views.status import SECOND_LOOK, main_status, unrated, with_gpu
 
-    main_status(_client().request({"op": Op.STATUS}), as_json)
+    client = _client()
+    ans = client.request({"op": Op.STATUS})
+    if not as_json and unrated(ans):  # a CPU per cent needs two readings: the second now
+        time.sleep(SECOND_LOOK)
+        ans = client.request({"op": Op.STATUS})
+    main_status(with_gpu(ans), as_json)
 
 
 @cli.command("top")
@@ -388,10 +393,11 @@ def metrics_cmd(output: str | None) -> None:
     leased, holder, waiters, lease age, strays; per class grants, expiries, waits."""
     from hold.views.audit import build_report
     from hold.views.metrics import main_metrics
+    from hold.views.status import with_gpu
     from hold_supervisor.safefile import UnsafePath, WriteFailed
 
     _, classes = _classes()
-    ans = _client().request({"op": Op.STATUS})
+    ans = with_gpu(_client().request({"op": Op.STATUS}))
     try:
         raise SystemExit(main_metrics(ans, build_report(_state_dir(), classes, None), output))
     except (UnsafePath, WriteFailed) as e:  # each names the file it could not write

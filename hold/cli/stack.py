@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from hold.cli.down import main_down, main_restart
@@ -38,6 +39,7 @@ from hold.cli.up import main_up
 from hold.cli.validate import main_validate
 from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
 from hold_supervisor.parse import BadValue, format_duration
+from hold_supervisor.proc import usage
 from hold_supervisor.stack.wire import StackOp
 from hold_supervisor.width import columns, fit, table
 
@@ -67,9 +69,18 @@ def main_ps(name: str | None, as_json: bool) -> int:
     try:
         if name is None:
             stacks, silent = running_stacks()
+            if not as_json and any(_unrated(s) for s in stacks):
+                time.sleep(SECOND_LOOK)  # a CPU per cent needs two readings
+                # Only those that answered: one that did not is not waited for twice.
+                again, _ = running_stacks({s["stack"] for s in stacks})
+                stacks = again if len(again) == len(stacks) else stacks
         else:
             try:
                 ans = ask(name, {"op": StackOp.PS}, timeout=PS_WAIT)
+                if ans is not None and not as_json and _unrated(ans):
+                    # A CPU per cent needs two readings: the second, a moment later.
+                    time.sleep(SECOND_LOOK)
+                    ans = ask(name, {"op": StackOp.PS}, timeout=PS_WAIT) or ans
             except NoAnswer:
                 ans = None
                 silent = [name]
@@ -100,6 +111,17 @@ def main_ps(name: str | None, as_json: bool) -> int:
     return EXPIRED if silent else 0
 
 
+SECOND_LOOK = 0.5  # seconds between two asks (the stack's least interval for a per cent)
+
+
+def _unrated(ans: dict[str, Any]) -> bool:
+    """Has a running unit figures but no CPU per cent yet (the first reading)?"""
+    return any(
+        u.get("pid") and isinstance(u.get("usage"), dict) and u["usage"]["cpu_percent"] is None
+        for u in ans.get("units", [])
+    )
+
+
 def _say_silent(name: str) -> None:
     say(
         f"{not_answering(name, supervisor_of(name), PS_WAIT)}; "
@@ -127,10 +149,11 @@ def _record(name: str) -> dict[str, Any]:
     return rec if isinstance(rec, dict) else {}
 
 
-def _table(rows: list[list[str]], flex: tuple[int, ...] = ()) -> str:
+def _table(rows: list[list[str]], flex: tuple[int, ...] = (), drop: tuple[int, ...] = ()) -> str:
     """The one table rule (:func:`hold_supervisor.width.table`): at a terminal, within
-    its width, the free-text columns in ``flex`` giving way first; piped, whole."""
-    return "\n".join(table(rows[0], rows[1:], columns(sys.stdout), flex=flex))
+    its width, the columns in ``drop`` left out whole (in order) where the rest
+    would not fit, then the free-text columns in ``flex`` giving way; piped, whole."""
+    return "\n".join(table(rows[0], rows[1:], columns(sys.stdout), flex=flex, drop=drop))
 
 
 def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
@@ -139,7 +162,7 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
     if not stacks and not silent:
         print("no stack is running")
         return
-    rows = [["STACK", "PID", "UNITS", "READY", "UPTIME", "FILE"]]
+    rows = [["STACK", "PID", "UNITS", "READY", *usage.HEAD, "UPTIME", "FILE"]]
     for s in stacks:
         ready = sum(1 for u in s["units"] if u["state"] == "ready")
         rows.append(
@@ -148,6 +171,7 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
                 str(s["pid"]),
                 str(len(s["units"])),
                 str(ready),
+                *usage.cells(_stack_usage(s)),
                 format_duration(s["uptime"]),
                 s["file"],
             ]
@@ -155,9 +179,26 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
     for name in silent:
         rec = _record(name)
         pid = supervisor_of(name)
-        rows.append([name, str(pid or "?"), "?", "?", "not answering", str(rec.get("file", "?"))])
+        unknown = ["?"] * len(usage.HEAD)
+        rows.append(
+            [name, str(pid or "?"), "?", "?", *unknown, "not answering", str(rec.get("file", "?"))]
+        )
     rows[1:] = sorted(rows[1:])
-    print(_table(rows, flex=(5,)))
+    print(_table(rows, flex=(len(rows[0]) - 1,)))
+
+
+def _stack_usage(s: dict[str, Any]) -> dict[str, Any] | None:
+    """A stack's figures: the sum of its units' (a per cent only where each unit has one)."""
+    docs = [u["usage"] for u in s["units"] if isinstance(u.get("usage"), dict)]
+    if not docs:
+        return None
+    pcts = [d["cpu_percent"] for d in docs]
+    return {
+        "cpu_seconds": sum(d["cpu_seconds"] for d in docs),
+        "cpu_percent": None if None in pcts else sum(pcts),
+        "rss_bytes": sum(d["rss_bytes"] for d in docs),
+        "pids": sum(d["pids"] for d in docs),
+    }
 
 
 def _print_stack(s: dict[str, Any]) -> None:
@@ -169,8 +210,8 @@ def _print_stack(s: dict[str, Any]) -> None:
             columns(sys.stdout),
         )
     )
-    head = ["UNIT", "KIND", "STATE", "PID", "PORT", "RESTARTS", "UPTIME", "CPUS", "READY"]
-    rows = [[*head, "LIVENESS"]]
+    head = ["UNIT", "KIND", "STATE", "PID", *usage.HEAD, "PORT", "RESTARTS", "UPTIME", "CPUS"]
+    rows = [[*head, "READY", "LIVENESS"]]
     optional = False
     for u in s["units"]:
         essential = u.get("essential", True)
@@ -181,6 +222,7 @@ def _print_stack(s: dict[str, Any]) -> None:
                 u.get("kind", "service"),
                 u["state"],
                 str(u["pid"] or "-"),
+                *usage.cells(u.get("usage")),
                 str(u["port"] or "-"),
                 str(u["restarts"]),
                 format_duration(u["uptime"]),
@@ -189,7 +231,9 @@ def _print_stack(s: dict[str, Any]) -> None:
                 u.get("liveness") or "-",
             ]
         )
-    print(_table(rows, flex=(9, 8)))
+    # At 80 columns the figures stay; the CPU mask, restarts, uptime, the
+    # readiness text and the port give way whole, in that order.
+    print(_table(rows, flex=(13, 12), drop=(11, 9, 10, 12, 8)))
     if optional:
         print("* not essential: its end is reported, the rest keeps running")
     calls = s.get("calls") or []

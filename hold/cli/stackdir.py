@@ -163,10 +163,10 @@ def not_answering(name: str, pid: int | None, waited: float) -> str:
     return f"{who} did not answer in {waited:g} s{stopped_text(pid)}"
 
 
-def running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
+def running_stacks(only: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """The running stacks' ``ps`` answers, and the names of those that did not
     answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
-    stack costs that wait once, not once per stack)."""
+    stack costs that wait once, not once per stack). ``only``: these names alone."""
     import threading
 
     from hold_supervisor.stack.controlsock import NoAnswer, request
@@ -176,7 +176,8 @@ def running_stacks() -> tuple[list[dict[str, Any]], list[str]]:
     socks = {
         name: path
         for name in sorted(os.listdir(base))
-        if os.path.exists(path := os.path.join(base, name, "control.sock"))
+        if (only is None or name in only)
+        and os.path.exists(path := os.path.join(base, name, "control.sock"))
     }
     answers: dict[str, dict[str, Any] | None] = {}
 

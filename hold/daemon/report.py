@@ -9,7 +9,13 @@ totals; read from the file by the client itself only where no daemon serves
 Leased and held times are device-seconds (a lease of two devices for an hour
 is two hours), clipped to the report's start, so the users' totals and the
 devices' totals agree. A wait is the time from a request's arrival to its
-grant (unknown for a lease granted before a daemon restart). Labels: a
+grant (unknown for a lease granted before a daemon restart). CPU time
+(``cpu_s``: the lease's processes' CPU seconds, a lease of two devices
+counted half on each device) and peak memory (``peak_bytes``: the most any
+one lease's processes held) are None where no lease had them (a history line
+written before they were recorded, a lease without a tree, or one too short
+to be read: :mod:`hold.daemon.figures`); ``cpu_unmeasured`` counts the leases
+without. Labels: a
 viewer sees all of their own (and root all); other users' only where the
 configuration says ``report: {labels: true}``, and never a private one.
 """
@@ -38,6 +44,18 @@ class _Acc:
         self.waits: list[float] = []
         self.ends: dict[str, int] = {}
         self.strays = 0
+        self.cpu: float | None = None
+        self.peak: int | None = None
+        self.cpu_unmeasured = 0
+
+    def figures(self, cpu: float | None, peak: int | None) -> None:
+        """One lease's CPU seconds and peak memory (each None where unknown)."""
+        if cpu is None:
+            self.cpu_unmeasured += 1
+        else:
+            self.cpu = (self.cpu or 0.0) + cpu
+        if peak is not None:
+            self.peak = max(self.peak or 0, peak)
 
     def add(self, leased: float, held: float | None, wait: float | None, end: str) -> None:
         self.leases += 1
@@ -63,6 +81,9 @@ class _Acc:
             "releases": self.ends.get("released", 0),
             "ends": dict(sorted(self.ends.items())),
             "strays": self.strays,
+            "cpu_s": None if self.cpu is None else round(self.cpu, 3),
+            "cpu_unmeasured": self.cpu_unmeasured,
+            "peak_bytes": self.peak,
         }
 
 
@@ -130,11 +151,16 @@ def _lease(
     wait = granted - float(requested) if requested is not None and granted >= since else None
     end = str(e["end"])
     names[uid] = str(e["user"])
-    users.setdefault(uid, _Acc()).add(
-        span * count, None if held is None else held * count, wait, end
-    )
+    # CPU time clipped to the report's start as the leased time is; absent in old lines.
+    cpu = None if e.get("cpu_s") is None else float(e["cpu_s"]) * span / max(ended - granted, 1e-9)
+    peak = None if e.get("peak_bytes") is None else int(e["peak_bytes"])
+    user = users.setdefault(uid, _Acc())
+    user.add(span * count, None if held is None else held * count, wait, end)
+    user.figures(cpu, peak)
     for i in e["devices"]:
-        devices.setdefault(f"{e['cls']}:{i}", _Acc()).add(span, held, wait, end)
+        device = devices.setdefault(f"{e['cls']}:{i}", _Acc())
+        device.add(span, held, wait, end)
+        device.figures(None if cpu is None else cpu / max(count, 1), peak)
     private = bool(e.get("private"))
     if viewer in (0, uid) or (show_labels and not private):
         mine = labels.setdefault(uid, {})
@@ -188,6 +214,7 @@ def live_entries(st: DaemonState, now: float) -> list[dict[str, Any]]:
         lease = s.lease
         if lease is None:
             continue
+        cpu, peak = st.usage.figures.most(lease.lease_id)
         out.append(
             {
                 "kind": "lease",
@@ -204,6 +231,8 @@ def live_entries(st: DaemonState, now: float) -> list[dict[str, Any]]:
                 "end": "active",
                 "by": None,
                 "held": st.usage.held(lease.lease_id),
+                "cpu_s": cpu,
+                "peak_bytes": peak,
             }
         )
     return out

@@ -7,6 +7,7 @@ from typing import Any
 from hold.daemon import devlock
 from hold.daemon.grants import Grants
 from hold.daemon.state import DaemonState, label_for
+from hold.devices.classes import LAST_GPU_MINOR, NVIDIA_MAJOR
 from hold_supervisor.proc.identity import user_name
 
 
@@ -21,6 +22,10 @@ def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
             {"index": i, "holder": _holder(st, grants, cls, i, viewer, locked)}
             for i in range(st.sizes[cls])
         ]
+        for i, dev in enumerate(devices):
+            minor = _nvidia_minor(st.keys[cls][i] if i < len(st.keys[cls]) else "")
+            if minor is not None:
+                dev["nvidia_minor"] = minor
         waiting = [
             {
                 "label": r.label if viewer in (0, r.conn.uid) or not r.private else None,
@@ -64,12 +69,15 @@ def _holder(
         return {
             "lease": s.lease.lease_id,
             "label": label_for(s, viewer),
+            "private": s.lease.private,
             "pid": s.owner_pid,
             "user": s.user,
             "uid": s.uid,
             "since": s.lease.granted,
             "expires": s.lease.expires,
             "state": s.lease.state,
+            # What its trees use now (hold.daemon.figures); None: no tree, or unread.
+            "usage": st.usage.figures.doc(s),
         }
     rec = st.locks.held_elsewhere(st.keys[cls][i], locked)
     if rec is None:
@@ -87,6 +95,19 @@ def _holder(
         # the kernel's holder of the lock, whose file names no arbiter of it (devlock.owner_of)
         "foreign": bool(rec.get("foreign")),
     }
+
+
+def _nvidia_minor(key: str) -> int | None:
+    """The GPU minor of a device whose key is an NVIDIA GPU node's (``c195-N``), else None.
+
+    The GPU's own figures (``gpu``: utilisation, memory) are added by the
+    client (:func:`hold.views.status.with_gpu`): NVML opens the GPU's node, and
+    the daemon's own opens would count in the kernel's count of the node's
+    opens that proves a device empty (:mod:`hold.daemon.occupancy`)."""
+    kind, _, minor = key.partition("-")
+    if kind != f"c{NVIDIA_MAJOR}" or not minor.isdigit() or int(minor) > LAST_GPU_MINOR:
+        return None
+    return int(minor)
 
 
 def _not_grantable(st: DaemonState, grants: Grants, cls: str, i: int) -> dict[str, Any] | None:

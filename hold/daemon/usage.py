@@ -19,6 +19,12 @@ leased time, exact to within one period at each end, and 0 for a lease
 shorter than a period. A class without nodes is never scanned: held is
 None (unknown).
 
+Resource figures: the same thread reads each live lease's CPU time and
+memory (:mod:`hold.daemon.figures`) every ``FIGURES_EVERY`` seconds (or
+``report.sample``, if shorter); the most seen go into the lease's history line
+(``cpu_s``, ``peak_bytes``; None where never read: a lease shorter than the
+period that nobody asked ``status`` about, or one without a tree).
+
 Most of it is fed by the daemon's own log events (:meth:`Usage.on_event`,
 from :meth:`hold.daemon.state.DaemonState.log_for`), so the parts that
 grant and end leases need only the grant's hook.
@@ -31,6 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hold.daemon import occupancy
+from hold.daemon.figures import Figures
 from hold.daemon.history import History
 from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec
 from hold.devices.classes import node_key
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
     from hold.daemon.state import DaemonState
 
 SAMPLE = 30.0  # seconds between the held-time scans of live leases
+FIGURES_EVERY = 5.0  # seconds between the sampler's readings of the leases' figures
 SEEN_KEPT = 4096  # stray sightings remembered (each is recorded once)
 
 # How a session's end reason (hold.daemon.sessions.Endings.end) is written in the history.
@@ -68,6 +76,8 @@ class Usage:
         self._held: dict[str, float] = {}  # lease id -> seconds seen held
         self._last: dict[str, float] = {}  # lease id -> its last scan (or grant)
         self._wake: threading.Event | None = None
+        self.figures = Figures()
+        self._scanned_at = 0.0  # the sampler's last held-time scan (monotonic)
 
     def count(self, cls: str, name: str, by: float = 1.0) -> None:
         c = self.counters.setdefault(
@@ -86,10 +96,9 @@ class Usage:
         self.count(cls, "waits")
         self.count(cls, "wait_seconds", waited)
         self.requested[lid] = arrived
-        if not self.st.scanned.get(cls):
-            return  # no node to scan: held stays unknown
-        with self._lock:
-            self._last[lid] = s.lease.granted
+        if self.st.scanned.get(cls):  # else no node to scan: held stays unknown
+            with self._lock:
+                self._last[lid] = s.lease.granted
         if self._wake is None:  # the first lease: the sampler starts
             self._wake = threading.Event()
             threading.Thread(target=self._sampler, name="held", daemon=True).start()
@@ -102,6 +111,8 @@ class Usage:
             self.count(s.lease.cls, "expiries")
         elif event == "session_ending" and lid is not None:
             self.why.setdefault(lid, str(kw.get("reason", "")))
+            # The last look, where its leaves are still there (never a walk: per grant).
+            self.figures.read(s, leaves_only=True)
         elif event == "grant_blocked" and isinstance(kw.get("holders"), dict):
             # Said to the waiting session, which has no lease yet: the class from the node.
             for index, holders in kw["holders"].items():
@@ -139,6 +150,7 @@ class Usage:
             held = self._held.pop(lid, 0.0) if lid in self._last else None
             self._last.pop(lid, None)
         ended = time.time() if now is None else now
+        cpu, peak = self.figures.forget(lid)
         self.history.append(
             {
                 "kind": "lease",
@@ -155,6 +167,8 @@ class Usage:
                 "end": end,
                 "by": by,
                 "held": None if held is None else round(min(held, ended - lease.granted), 3),
+                "cpu_s": cpu,
+                "peak_bytes": peak,
             }
         )
 
@@ -200,12 +214,26 @@ class Usage:
 
     def _sampler(self) -> None:
         assert self._wake is not None
+        self._scanned_at = time.monotonic()
         while True:
-            self._wake.wait(self.sample)
+            self._wake.wait(min(self.sample, FIGURES_EVERY))
+            try:
+                self.read_figures()
+            except Exception:  # never let a reading kill the sampler: the figures are then old
+                pass
+            if time.monotonic() - self._scanned_at < self.sample:
+                continue
+            self._scanned_at = time.monotonic()
             try:
                 self.scan_once()
             except Exception:  # never let a scan kill the sampler: held is then low, not wrong
                 continue
+
+    def read_figures(self) -> None:
+        """Read the figures of every live lease once (the most seen are kept)."""
+        for s in list(self.st.sessions.values()):
+            if s.lease is not None and s.lease.state != LeaseState.ENDING:
+                self.figures.read(s)
 
     def scan_once(self) -> None:
         """Scan the nodes of every live lease once; credit those found held."""

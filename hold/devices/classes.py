@@ -101,6 +101,8 @@ def node_key(path: str) -> str | None:
 
 
 NVIDIA_MAJOR = 195
+# Minors 254 (nvidia-modeset) and 255 (nvidiactl) are control nodes, not GPUs.
+LAST_GPU_MINOR = 253
 DRM_MAJOR = 226
 
 

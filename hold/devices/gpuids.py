@@ -18,10 +18,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from hold.devices.classes import NVIDIA_MAJOR, DeviceClass, char_minor
+from hold.devices.classes import LAST_GPU_MINOR, NVIDIA_MAJOR, DeviceClass, char_minor
 
-# Minors 254 (nvidia-modeset) and 255 (nvidiactl) are control nodes, not GPUs.
-_LAST_GPU_MINOR = 253
 # Every GPU node of the machine, whatever a class names: CUDA counts them all.
 NVIDIA_NODES = "/dev/nvidia[0-9]*"
 # Variables that take NVIDIA GPU UUIDs (the container toolkit's too).
@@ -37,7 +35,7 @@ class Gpu(NamedTuple):
 def nvidia_minor(path: str) -> int | None:
     """The GPU minor number of ``path`` if it is an NVIDIA GPU node, else None."""
     minor = char_minor(path, NVIDIA_MAJOR)
-    return minor if minor is not None and minor <= _LAST_GPU_MINOR else None
+    return minor if minor is not None and minor <= LAST_GPU_MINOR else None
 
 
 def can_use(path: str) -> bool:

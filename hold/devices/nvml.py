@@ -65,6 +65,33 @@ class ProcessInfo(ctypes.Structure):
     ]
 
 
+class Utilization(ctypes.Structure):
+    """``nvmlUtilization_t``: per cent of the last sample period busy (kernels, memory)."""
+
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class Memory(ctypes.Structure):
+    """``nvmlMemory_t``, bytes."""
+
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+class GpuFigures(NamedTuple):
+    """What a GPU does now: None where NVML does not say (the call failed)."""
+
+    util_percent: int | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+    def doc(self) -> dict[str, int | None]:
+        return self._asdict()
+
+
 class NvGpu(NamedTuple):
     minor: int  # of /dev/nvidiaN
     uuid: str  # "GPU-..."
@@ -123,6 +150,23 @@ class Session:
         self.call("nvmlDeviceGetPciInfo_v3", h, ctypes.byref(info))
         return bytes(info.busId).split(b"\0", 1)[0].decode(errors="replace")
 
+    def figures(self, h: ctypes.c_void_p) -> GpuFigures:
+        util: int | None = None
+        used = total = None
+        rates = Utilization()
+        try:
+            self.call("nvmlDeviceGetUtilizationRates", h, ctypes.byref(rates))
+            util = int(rates.gpu)
+        except NvmlError:
+            pass
+        mem = Memory()
+        try:
+            self.call("nvmlDeviceGetMemoryInfo", h, ctypes.byref(mem))
+            used, total = int(mem.used), int(mem.total)
+        except NvmlError:
+            pass
+        return GpuFigures(util, used, total)
+
     def processes(self, h: ctypes.c_void_p, name: str) -> list[tuple[int, int | None]]:
         """(pid, bytes of device memory or None) of each process in ``name``'s list.
 
@@ -180,6 +224,26 @@ def gpus() -> list[NvGpu] | None:
         return None
     finally:
         s.close()
+
+
+def figures() -> dict[int, GpuFigures] | None:
+    """Utilisation and memory of every GPU NVML can read, by minor number; None
+    without NVML. One session, about 16 ms on an H200 machine."""
+    s = open_session()
+    if s is None:
+        return None
+    out: dict[int, GpuFigures] = {}
+    try:
+        for h in s.handles():
+            try:
+                out[s.minor(h)] = s.figures(h)
+            except NvmlError:
+                continue
+    except NvmlError:
+        pass  # the devices read so far stand
+    finally:
+        s.close()
+    return out
 
 
 def used_memory() -> dict[tuple[int, int], int] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hold_supervisor.parse import format_duration
+from hold_supervisor.parse import format_bytes, format_duration
 from hold_supervisor.width import fit, table
 
 HEAD = ("DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE", "COMMAND")
@@ -50,13 +50,4 @@ def render_table(doc: dict[str, Any], width: int | None = None, notes: Sequence[
 
 def size(n: int | None) -> str:
     """Bytes for people: ``512B``, ``4.0KiB``, ``1.5GiB``; ``-`` for unknown."""
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n}B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            break
-    return f"{value:.1f}{unit}"
+    return format_bytes(n)

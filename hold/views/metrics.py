@@ -13,6 +13,13 @@ any lease, from the audit's scan) and their device memory. Per class,
 counters since the daemon started (``hold_daemon_start_time_seconds`` says
 when): grants, expiries, and the waits in line (a summary: count and
 seconds). Base units (seconds, bytes), ``_total`` for counters.
+
+Per lease of this arbiter (``lease``, ``user``, ``class``, and ``label``:
+empty for a private lease, whoever asks, as the file may be world-readable):
+its processes' CPU seconds (a counter: with a cgroup leaf it counts every
+process that ran there; without one it can fall when a member exits, which
+Prometheus reads as a reset), their memory and their number. Per NVIDIA GPU
+device: its utilisation (a ratio, 0 to 1) and memory, from NVML.
 """
 
 from __future__ import annotations
@@ -53,6 +60,21 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "Leases that reached their time limit since the daemon started.",
     ),
     "hold_wait_seconds": ("summary", "Time from a request's arrival to its grant."),
+    "hold_lease_cpu_seconds_total": (
+        "counter",
+        "CPU time (user and system) of the lease's processes.",
+    ),
+    "hold_lease_memory_bytes": (
+        "gauge",
+        "Memory of the lease's processes (its cgroup's charge, else their resident memory).",
+    ),
+    "hold_lease_processes": ("gauge", "Live processes of the lease."),
+    "hold_device_gpu_utilization_ratio": (
+        "gauge",
+        "Fraction of the last sample period the GPU was busy (NVML).",
+    ),
+    "hold_device_gpu_memory_used_bytes": ("gauge", "GPU memory in use (NVML)."),
+    "hold_device_gpu_memory_total_bytes": ("gauge", "GPU memory in all (NVML)."),
 }
 
 
@@ -63,8 +85,10 @@ def render(doc: dict[str, Any]) -> str:
     out: dict[str, list[tuple[str, Labels, float]]] = {name: [] for name in FAMILIES}
     if isinstance(ans.get("started"), (int, float)):
         out["hold_daemon_start_time_seconds"].append(("", {}, float(ans["started"])))
+    leases: set[str] = set()
     for cls, info in sorted(ans["classes"].items()):
         _devices(out, cls, info, now)
+        _figures(out, cls, info, leases)
         out["hold_class_waiters"].append(("", {"class": cls}, len(info["queue"])))
         c = (ans.get("counters") or {}).get(cls)
         if c is not None:
@@ -101,6 +125,36 @@ def _devices(
             out["hold_device_lease_age_seconds"].append(("", lab, max(0.0, now - h["since"])))
         if isinstance(h.get("expires"), (int, float)):
             out["hold_device_lease_expiry_timestamp_seconds"].append(("", lab, h["expires"]))
+
+
+def _figures(
+    out: dict[str, list[tuple[str, Labels, float]]],
+    cls: str,
+    info: dict[str, Any],
+    leases: set[str],
+) -> None:
+    """Each lease's figures (once, however many devices it holds); each GPU's."""
+    for dev in info["devices"]:
+        gpu = dev.get("gpu")
+        if isinstance(gpu, dict):
+            lab = {"class": cls, "index": str(dev["index"])}
+            for key, name, scale in (
+                ("util_percent", "hold_device_gpu_utilization_ratio", 0.01),
+                ("memory_used_bytes", "hold_device_gpu_memory_used_bytes", 1),
+                ("memory_total_bytes", "hold_device_gpu_memory_total_bytes", 1),
+            ):
+                if isinstance(gpu.get(key), (int, float)):
+                    out[name].append(("", lab, gpu[key] * scale))
+        h = dev["holder"]
+        u = h.get("usage") if h is not None else None
+        if not isinstance(u, dict) or h is None or h["lease"] in leases:
+            continue
+        leases.add(h["lease"])
+        label = "" if h.get("private") or h.get("label") is None else str(h["label"])
+        lab = {"lease": str(h["lease"]), "user": str(h["user"]), "label": label, "class": cls}
+        out["hold_lease_cpu_seconds_total"].append(("", lab, u["cpu_seconds"]))
+        out["hold_lease_memory_bytes"].append(("", lab, u["rss_bytes"]))
+        out["hold_lease_processes"].append(("", lab, u["pids"]))
 
 
 def _strays(

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from hold.statedir import StateDir
-from hold_supervisor.parse import BadValue, format_duration, parse_duration
+from hold_supervisor.parse import BadValue, format_bytes, format_duration, parse_duration
 from hold_supervisor.width import columns, fit, table
 
 USER_HEAD = (
@@ -30,6 +30,8 @@ USER_HEAD = (
     "LEASES",
     "LEASED",
     "HELD",
+    "CPU",
+    "PEAK MEM",
     "WAIT MEDIAN",
     "WAIT MAX",
     "EXPIRED",
@@ -121,9 +123,12 @@ def text_lines(doc: dict[str, Any], width: int | None) -> list[str]:
     since = doc.get("since")
     start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "the start"
     now = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc["now"]))
-    out = [f"hold report: from {start} to {now} (times are device time; held: seen in use)"]
+    out = [
+        f"hold report: from {start} to {now} (times are device time; held: seen in use; "
+        "CPU and peak memory: their processes)"
+    ]
     rows = [[u["user"], *_figures(u), _labels(u["labels"])] for u in doc["users"]]
-    out += table(USER_HEAD, rows, width, flex=(9,)) if rows else ["no leases"]
+    out += table(USER_HEAD, rows, width, flex=(len(USER_HEAD) - 1,)) if rows else ["no leases"]
     rows = [[d["device"], *_figures(d)] for d in doc["devices"]]
     if rows:
         out += ["", *table(("DEVICE", *DEVICE_HEAD), rows, width)]
@@ -141,12 +146,23 @@ def _figures(a: dict[str, Any]) -> list[str]:
         str(a["leases"]),
         format_duration(a["leased_s"]),
         held,
+        _cpu(a),
+        format_bytes(a.get("peak_bytes")),
         format_duration(a["wait_median_s"]),
         format_duration(a["wait_max_s"]),
         str(a["expiries"]),
         str(a["releases"]),
         str(a["strays"]),
     ]
+
+
+def _cpu(a: dict[str, Any]) -> str:
+    """CPU time; ``-`` where no lease had it (history written before it was recorded),
+    ``>=`` where some had not."""
+    cpu = a.get("cpu_s")
+    if cpu is None:
+        return "-"
+    return (">=" if a.get("cpu_unmeasured") else "") + format_duration(cpu)
 
 
 def _labels(labels: dict[str, float] | None) -> str:

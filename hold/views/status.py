@@ -14,9 +14,13 @@ from typing import Any
 
 from hold.config import fingerprint
 from hold_supervisor.parse import format_when, time_left
+from hold_supervisor.proc import usage
 from hold_supervisor.width import columns, fit, table
 
-HEAD = ("DEVICE", "STATE", "LEASE", "USER", "PID", "UNTIL", "SINCE", "LABEL")
+HEAD = ("DEVICE", "STATE", "LEASE", "USER", "PID", *usage.HEAD, "LEFT", "UNTIL", "SINCE", "LABEL")
+# At a narrow terminal these give way whole, in this order (at 80 columns: SINCE and
+# UNTIL; LEFT stays): the since and until clock times, the process count, the CPU time.
+DROPPED = (11, 10, 8, 6)
 
 
 def main_status(ans: dict[str, Any], as_json: bool) -> None:
@@ -30,6 +34,41 @@ def main_status(ans: dict[str, Any], as_json: bool) -> None:
         [fit(ln, None) for ln in status_lines(ans)] if width is None else status_table(ans, width)
     )
     print("\n".join(lines))
+
+
+SECOND_LOOK = 0.5  # seconds between two asks, for a CPU per cent (the daemon's least interval)
+
+
+def unrated(ans: dict[str, Any]) -> bool:
+    """Does a lease in ``ans`` have figures but no CPU per cent yet (the daemon had
+    no earlier reading of it)? Then the text view asks once more, after
+    :data:`SECOND_LOOK`."""
+    return any(
+        isinstance(u := (d.get("holder") or {}).get("usage"), dict) and u["cpu_percent"] is None
+        for info in ans["classes"].values()
+        for d in info["devices"]
+    )
+
+
+def with_gpu(ans: dict[str, Any]) -> dict[str, Any]:
+    """``ans`` (the daemon's ``status`` answer) with ``gpu`` added to each device
+    that is an NVIDIA GPU (``nvidia_minor``): its utilisation and memory now,
+    from NVML, read here rather than by the daemon (see
+    :func:`hold.daemon.status._nvidia_minor`). Without NVML: no ``gpu`` key.
+    NVML is loaded only where such a device is."""
+    devices = [d for info in ans["classes"].values() for d in info["devices"]]
+    if not any(isinstance(d.get("nvidia_minor"), int) for d in devices):
+        return ans
+    from hold.devices import nvml
+
+    figures = nvml.figures()
+    if figures is None:
+        return ans
+    for d in devices:
+        got = figures.get(d.get("nvidia_minor", -1))
+        if got is not None:
+            d["gpu"] = got.doc()
+    return ans
 
 
 def status_document(ans: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +113,8 @@ def status_lines(ans: dict[str, Any]) -> list[str]:
             state = "active" if h["state"] == "elsewhere" else h["state"]
             line = f"{name:<8} {state:<7} lease {h['lease']}  {_label(h)}  user {h['user']}"
             line += f"  pid {h['pid']}"
+            if h.get("usage"):
+                line += f"  {usage.words(h['usage'])}"
             if _timed(h):
                 since = time.strftime("%H:%M:%S", time.localtime(h["since"]))
                 until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["expires"]))
@@ -93,17 +134,20 @@ def status_table(ans: dict[str, Any], width: int) -> list[str]:
             h = dev["holder"]
             name = f"{cls}:{dev['index']}"
             if h is None:
-                rows.append([name, "free", "", "", "", "", "", ""])
+                rows.append([name, "free", *[""] * (len(HEAD) - 2)])
                 continue
             state = "active" if h["state"] == "elsewhere" else h["state"]
-            until = since = ""
+            left = until = since = ""
             if _timed(h):
-                until = f"{format_when(h['expires'], now)} ({time_left(h['expires'], now)})"
+                left = time_left(h["expires"], now).removesuffix(" left")
+                until = format_when(h["expires"], now)
                 since = format_when(h["since"], now)
             label = _label(h) + (" via another daemon" if h["state"] == "elsewhere" else "")
-            rows.append([name, state, h["lease"], h["user"], str(h["pid"]), until, since, label])
+            figures = usage.cells(h.get("usage")) if "usage" in h else [""] * len(usage.HEAD)
+            who = [name, state, h["lease"], h["user"], str(h["pid"])]
+            rows.append([*who, *figures, left, until, since, label])
         queues[len(rows)] = queue_lines(info)
-    lines = table(HEAD, rows, width, flex=(7, 6))
+    lines = table(HEAD, rows, width, flex=(len(HEAD) - 1,), drop=DROPPED)
     out = lines[:1]
     for n, line in enumerate(lines[1:], 1):
         out.append(line)

@@ -69,16 +69,19 @@ class Sources:
         self.sd, self.classes, self.stacks_of = sd, classes, stacks
 
     def status(self) -> dict[str, Any]:
-        """The daemon's ``status`` answer (none is started); one of :data:`FAILED` if none."""
+        """The daemon's ``status`` answer (none is started), with each NVIDIA GPU's
+        utilisation and memory (:func:`hold.views.status.with_gpu`); one of
+        :data:`FAILED` if none."""
         from hold.client.connection import Client
         from hold.protocol import Op
+        from hold.views.status import with_gpu
 
         client = Client.connect(self.sd, autostart=False)
         try:
             ans: dict[str, Any] = client.request({"op": Op.STATUS})
         finally:
             client.close()
-        return ans
+        return with_gpu(ans)
 
     def audit(self) -> dict[str, Any]:
         """``hold audit --json``'s report (every class; nothing is stopped)."""

@@ -171,7 +171,9 @@ class Sources:
             raise Unavailable(f"the daemon did not answer: {e}") from None
         finally:
             client.close()
-        return ans
+        from hold.views.status import with_gpu
+
+        return with_gpu(ans)
 
     def _scan(self) -> dict[str, Any]:
         from hold.views.audit import build_report

@@ -66,6 +66,21 @@
     return `${n}B`;
   }
 
+  // A lease's usage (status.json): CPU now, CPU time, memory, processes; "-" unknown.
+  function usageCells(u) {
+    if (!u) return [["-", "num"], ["-", "num"], ["-", "num"], ["-", "num"]];
+    const pct = typeof u.cpu_percent === "number" ? `${Math.round(u.cpu_percent)}%` : "-";
+    return [[pct, "num"], [span(u.cpu_seconds), "num"], [size(u.rss_bytes), "num"],
+      [u.pids, "num"]];
+  }
+
+  // An NVIDIA GPU's figures (NVML): "37% 1.2GiB/80.0GiB"; "" where there are none.
+  function gpuText(g) {
+    if (!g) return "";
+    const util = typeof g.util_percent === "number" ? `${g.util_percent}%` : "-";
+    return `${util} ${size(g.memory_used_bytes)}/${size(g.memory_total_bytes)}`;
+  }
+
   const labelOf = (x) => (x.label === null || x.label === undefined ? "(private)" : x.label);
 
   function arbiterLine(arb) {
@@ -84,7 +99,8 @@
         const h = dev.holder;
         const name = `${cls}:${dev.index}`;
         if (!h) {
-          rows.push(row([name, "free", "", "", "", "", "", ""], "free"));
+          const blank = ["", "", "", "", "", "", "", "", ""]; // LEASE to UNTIL
+          rows.push(row([name, "free", ...blank, [gpuText(dev.gpu), "num"], ""], "free"));
           continue;
         }
         const state = h.state === "elsewhere" ? "active" : h.state;
@@ -92,13 +108,14 @@
         const since = timed ? `${clock(h.since)} (${span(now - h.since)} ago)` : "";
         const until = timed ? `${clock(h.expires)} (${span(h.expires - now)} left)` : "";
         const via = h.state === "elsewhere" ? " via another daemon" : "";
-        rows.push(row([name, state, [h.lease, "mono"], h.user, [h.pid, "num"], since, until,
-          [labelOf(h) + via, "wrap"]], "held"));
+        const figures = "usage" in h ? usageCells(h.usage) : ["", "", "", ""];
+        rows.push(row([name, state, [h.lease, "mono"], h.user, [h.pid, "num"], ...figures,
+          since, until, [gpuText(dev.gpu), "num"], [labelOf(h) + via, "wrap"]], "held"));
       }
       info.queue.forEach((w, n) => {
         const what = w.indices && w.indices.length ? w.indices.join(",") : `${w.count} device(s)`;
-        rows.push(row([cls, `queue ${n + 1}`, "", w.user, [w.pid, "num"], "", "",
-          [`${labelOf(w)} wants ${what}`, "wrap"]], "queue"));
+        rows.push(row([cls, `queue ${n + 1}`, "", w.user, [w.pid, "num"], "", "", "", "", "", "",
+          "", [`${labelOf(w)} wants ${what}`, "wrap"]], "queue"));
       });
     }
     return rows;
@@ -135,8 +152,8 @@
       const [st, au] = await Promise.all([getJSON("/status.json"), getJSON("/audit.json")]);
       if (st.ok) {
         $("arbiter").textContent = arbiterLine(st.doc.arbiter);
-        fill($("devices"), ["DEVICE", "STATE", "LEASE", "USER", "PID", "SINCE", "UNTIL",
-          "LABEL"], deviceRows(st.doc));
+        fill($("devices"), ["DEVICE", "STATE", "LEASE", "USER", "PID", "CPU%", "CPU", "MEM",
+          "PROCS", "SINCE", "UNTIL", "GPU", "LABEL"], deviceRows(st.doc));
       } else errors.push(`status: ${st.doc.error}`);
       if (au.ok) {
         fill($("holders"), ["DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE",
@@ -158,11 +175,15 @@
   // seconds (keys ending in _s) as durations.
   const REPORT_TITLES = { users: "per user", devices: "per device", strays: "strays seen" };
   const REPORT_FIRST = ["user", "device", "seen", "pid", "leases", "leased_s", "held_s",
-    "wait_median_s", "wait_max_s", "expiries", "releases", "strays", "labels"];
+    "cpu_s", "peak_bytes", "wait_median_s", "wait_max_s", "expiries", "releases", "strays", "labels"];
+
+  // Headers shorter than the key's words (the table must fit the page).
+  const REPORT_HEADS = { peak_bytes: "PEAK MEM", cpu_unmeasured: "NO CPU" };
 
   function reportCell(key, v) {
     if (v === null || v === undefined) return "-";
     if (typeof v === "number" && key.endsWith("_s")) return span(v);
+    if (typeof v === "number" && key.endsWith("_bytes")) return size(v);
     if (typeof v === "number" && key === "seen") return clock(v);
     if (typeof v !== "object") return String(v);
     const num = key === "labels" ? span : String; // labels: seconds leased under each
@@ -176,7 +197,7 @@
       ...keys.filter((k) => !REPORT_FIRST.includes(k))];
     const t = el("table");
     const wide = (c) => (c === "labels" || c === "command" || c === "ends" ? "wrap" : "");
-    const head = (c) => c.replace(/_s$/, "").replace(/_/g, " ").toUpperCase();
+    const head = (c) => REPORT_HEADS[c] || c.replace(/_s$/, "").replace(/_/g, " ").toUpperCase();
     fill(t, cols.map(head),
       list.map((x) => row(cols.map((c) => [reportCell(c, x[c]), wide(c)]))));
     return t;
@@ -185,7 +206,8 @@
   function renderReport(doc) {
     const from = doc.since ? clock(doc.since) : "the start";
     const out = [el("p", "summary",
-      `from ${from} to ${clock(doc.now)} (device time; held: seen in use)`)];
+      `from ${from} to ${clock(doc.now)} (device time; held: seen in use; ` +
+      "CPU and peak memory: their processes)")];
     const known = Object.keys(REPORT_TITLES).filter((k) => k in doc);
     for (const key of [...known, ...Object.keys(doc).filter((k) => !known.includes(k))]) {
       const list = doc[key];

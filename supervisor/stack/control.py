@@ -70,6 +70,8 @@ def on_request(st: StackState, msg: Message, reply: Reply) -> None:
 def _ps(st: StackState) -> dict[str, Any]:
     now = time.monotonic()
     runners = [t.runner for t in st.tasks.values() if t.runner is not None]
+    # Each unit's figures (usage): read here, in the connection's thread.
+    since = st.since_ticks  # no unit's process started before the stack's supervisor
     return {
         "ev": StackEv.PS,
         "stack": st.name,
@@ -78,8 +80,18 @@ def _ps(st: StackState) -> dict[str, Any]:
         "phase": st.phase,
         "uptime": round(now - st.started_at, 3),
         "run_dir": st.run_dir,
-        "units": [u.snapshot(now) for u in st.units.values()]
-        + [_task_row(r.snapshot(st.phase == "running" and st.cause is None)) for r in runners],
+        "units": [
+            {**u.snapshot(now), "usage": st.figures.doc(u.name, u.leaf, u.tree, u.tree_id, since)}
+            for u in st.units.values()
+        ]
+        + [
+            {
+                **_task_row(t.runner.snapshot(st.phase == "running" and st.cause is None)),
+                "usage": st.figures.doc(t.name, t.leaf, None, t.tree_id, since),
+            }
+            for t in st.tasks.values()
+            if t.runner is not None
+        ],
         "calls": [c.snapshot(now) for r in runners for c in r.running()],
     }
 

@@ -28,6 +28,7 @@ from hold_supervisor.spawn.containment import Containment
 from hold_supervisor.stack.controlsock import ControlServer, Reply
 from hold_supervisor.stack.display import Display
 from hold_supervisor.stack.eventtypes import Event
+from hold_supervisor.stack.figures import UnitFigures
 from hold_supervisor.stack.units import TaskUnit, Unit
 from hold_supervisor.stackfile.spec import StackSpec
 
@@ -124,6 +125,7 @@ class StackState:
         self.prepared = False
         self.ran = False  # run() took over what prepare() took
         self.ports: dict[str, int] = {}
+        self.figures = UnitFigures()  # what ps shows of each unit's CPU and memory
 
     def say(self, text: str) -> None:
         self.display.line(text)
