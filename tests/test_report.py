@@ -192,3 +192,34 @@ def test_labels_of_other_users(show: bool) -> None:
     half = build(entries, 0, show_labels=False, since=130.0, now=200.0)
     assert {u["user"]: u for u in half["users"]}["bob"]["leased_s"] == 60.0
     assert {u["user"]: u for u in half["users"]}["bob"]["waits"] == 0
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_at_a_narrow_terminal_nothing_is_cut_mid_word(tmp_path: Path, width: int) -> None:
+    """At 80 (and 60) columns: every line fits; the sentence is wrapped at words,
+    the tables leave columns out whole (each header a whole name), labels last."""
+    import re
+
+    from hold.views.report import DEVICE_HEAD, USER_HEAD, text_lines
+    from hold_supervisor.width import room
+
+    configure(tmp_path)
+    for label in ("a long label for the training run", "eval"):
+        p = npu("-l", label, "--", "true")
+        assert p.wait(30) == 0, p.stderr.read() if p.stderr else ""
+    doc = report()
+    lines = text_lines(doc, width)
+    assert all(len(line) <= room(width) for line in lines), lines
+    whole = text_lines(doc, None)
+    heads = [ln for ln in lines if ln.startswith(("USER ", "DEVICE "))]
+    assert len(heads) == 2, lines
+    names = {*USER_HEAD, "DEVICE", *DEVICE_HEAD}
+    for h in heads:
+        cells = re.split(r"\s{2,}", h.strip())
+        assert all(c in names for c in cells), (h, cells)
+        assert {"LEASES", "LEASED", "HELD", "STRAYS"} <= set(cells), h
+    # The labels (the last, free column) give way: cut with "...", not left out.
+    assert any(ln.startswith("root ") and ln.endswith("...") and " a " in ln for ln in lines), lines
+    # The sentence, wrapped: the same words in the same order.
+    n = next(i for i, ln in enumerate(lines) if ln.startswith("USER "))
+    assert " ".join(lines[:n]).split() == whole[0].split()

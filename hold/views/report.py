@@ -18,12 +18,13 @@ import datetime
 import json
 import os
 import sys
+import textwrap
 import time
 from typing import Any
 
 from hold.statedir import StateDir
 from hold_supervisor.parse import BadValue, format_bytes, format_duration, parse_duration
-from hold_supervisor.width import columns, fit, table
+from hold_supervisor.width import columns, cut, fit, room, shown, table
 
 USER_HEAD = (
     "USER",
@@ -40,6 +41,15 @@ USER_HEAD = (
     "LABELS",
 )
 DEVICE_HEAD = USER_HEAD[1:-1]
+# Left out whole, in this order, where a terminal is too narrow for every
+# column (the same positions in both tables: USER and DEVICE come first).
+_DROP = (
+    USER_HEAD.index("RELEASED"),
+    USER_HEAD.index("WAIT MEDIAN"),
+    USER_HEAD.index("EXPIRED"),
+    USER_HEAD.index("PEAK MEM"),
+    USER_HEAD.index("WAIT MAX"),
+)
 
 
 def parse_since(text: str | None, now: float) -> float:
@@ -123,20 +133,25 @@ def text_lines(doc: dict[str, Any], width: int | None) -> list[str]:
     since = doc.get("since")
     start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else "the start"
     now = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(doc["now"]))
-    out = [
+    intro = (
         f"hold report: from {start} to {now} (times are device time; held: seen in use; "
         "CPU and peak memory: their processes)"
-    ]
+    )
+    # At a terminal: the sentence wrapped at words, the tables' least needed
+    # columns left out whole, a long line cut with "..."; never a word cut.
+    out = textwrap.wrap(intro, room(width)) if width else [intro]
     rows = [[u["user"], *_figures(u), _labels(u["labels"])] for u in doc["users"]]
-    out += table(USER_HEAD, rows, width, flex=(len(USER_HEAD) - 1,)) if rows else ["no leases"]
+    flex = (len(USER_HEAD) - 1,)
+    out += table(USER_HEAD, rows, width, flex=flex, drop=_DROP) if rows else ["no leases"]
     rows = [[d["device"], *_figures(d)] for d in doc["devices"]]
     if rows:
-        out += ["", *table(("DEVICE", *DEVICE_HEAD), rows, width)]
+        out += ["", *table(("DEVICE", *DEVICE_HEAD), rows, width, drop=_DROP)]
     for s in doc["strays"][-10:]:
         when = time.strftime("%m-%d %H:%M:%S", time.localtime(s["seen"]))
         mem = f" {s['memory_bytes']} bytes" if s.get("memory_bytes") else ""
         what = f": {s['command']}" if s.get("command") else ""
-        out.append(f"stray {when} {s['device']} pid {s['pid']} user {s['user']}{mem}{what}")
+        line = f"stray {when} {s['device']} pid {s['pid']} user {s['user']}{mem}{what}"
+        out.append(cut(shown(line), room(width)) if width else line)
     return out
 
 
