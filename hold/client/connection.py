@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hold.client import waits
-from hold.errors import HoldError
+from hold.errors import HoldError, describe
 from hold.protocol import Ev, LineBuffer, Message, Op, ProtocolError, encode
 from hold.statedir import StateDir
 from hold.unixsock import (
@@ -480,6 +480,9 @@ def _try_connect(
         raise DaemonUnreachable(
             f"may not connect to {path} (permission denied): it is another user's daemon"
         ) from None
+    except OSError as e:
+        sock.close()
+        raise DaemonUnreachable(f"cannot connect to {path}: {describe(e)}") from None
     return sock
 
 

@@ -21,6 +21,7 @@ from hold.daemon.ledger import Lease, SessionRec, TreeRec
 from hold.daemon.schedule import plan
 from hold.daemon.state import DaemonState, label_for, refuse
 from hold.daemon.tokens import UnsafePath, remove_owned
+from hold.errors import describe
 from hold.protocol import Ev
 from hold_supervisor.exitcodes import TOOL
 from hold_supervisor.proc.identity import ProcessId
@@ -174,7 +175,7 @@ class Grants:
                         {
                             "pid": 0,
                             "user": "?",
-                            "command": f"scan failed: {e!r}",
+                            "command": f"scan failed: {describe(e)}",
                             "starttime": 0,
                             "memory_bytes": None,
                         }
@@ -293,9 +294,11 @@ class Grants:
         for i in devices:
             self.held[(cls, i)] = s.session_id
         lease.private = req.private
-        # On disk before anyone is told: a restarted daemon must know.
-        self.st.save()
         try:
+            # On disk before anyone is told: a restarted daemon must know. A
+            # ledger that cannot be written refuses this grant, not the daemon
+            # (it ended every user's daemon, issue 24).
+            self.st.save(must=True)
             self.st.records.write_tokens(s)
             owner = self._lock_record(s)
             for i in devices:
@@ -325,8 +328,13 @@ class Grants:
         """The lease could not be recorded: refused, its devices free again."""
         s = req.conn.session
         assert s is not None
-        self.st.log_for("grant_refused", s, error=str(e))
-        refuse(req.conn, f"cannot record the lease: {e}", TOOL)
+        self.st.log_for("grant_refused", s, error=describe(e))
+        refuse(
+            req.conn,
+            f"the ticket daemon cannot record the lease: {describe(e)} "
+            f"(pid {os.getpid()}; its log {self.st.sd.log})",
+            TOOL,
+        )
         s.lease = None
         for i in devices:
             del self.held[(cls, i)]

@@ -43,13 +43,20 @@ from hold.daemon.sessions import Endings, recover
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
 from hold.devices.classes import DeviceClass
+from hold.errors import HoldError, describe
 from hold.protocol import Ev, ProtocolError
 from hold.statedir import StateDir
+from hold_supervisor.exitcodes import TOOL, USAGE
+from hold_supervisor.safefile import UnsafePath
 from hold_supervisor.sigwake import drain
 from hold_supervisor.stack.notify import tell_systemd
 
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 NODE_EVENTS_PAUSE = 0.25  # seconds the loop looks away from the node events after a read
+
+
+class DaemonStartFailed(HoldError):
+    """The daemon could not start serving (its socket, lock or log): why, in one line."""
 
 
 class Daemon:
@@ -91,12 +98,19 @@ class Daemon:
         ``ready_fd`` gets one byte once the socket serves ("1"), or when another
         daemon holds the lock ("2"); nothing if this one fails.
         """
-        if not self._lock_state_dir(ready_fd):
-            return 2
         st = self.st
-        st.log = Log(st.sd.log)
-        sock = listener.listen(st.sd.socket, st.shared)
-        wake_r = self._start(sock, ready_fd)
+        try:
+            if not self._lock_state_dir(ready_fd):
+                return 2
+            st.log = Log(st.sd.log)
+            sock = listener.listen(st.sd.socket, st.shared)
+            wake_r = self._start(sock, ready_fd)
+        except OSError as e:
+            # One line in the log (our stderr) that autostart's client repeats:
+            # what failed, not a traceback ending in a repr.
+            raise DaemonStartFailed(
+                f"the ticket daemon could not start serving {st.sd.path}: {describe(e)}"
+            ) from None
         try:
             while not st.stopping:
                 self._turn(sock, wake_r)
@@ -286,10 +300,26 @@ class Daemon:
 
     def _on_bad_request(self, conn: Conn, e: Exception) -> None:
         conn.close_fds()
-        what = str(e) if isinstance(e, ProtocolError) else f"bad request: {e!r}"[:300]
-        if self.st.log is not None and not isinstance(
+        # The client's fault (a malformed message or field) or ours (a file of
+        # the state directory, the lock directory, a bug): said as such, never
+        # as the exception's repr (issue 24).
+        ours = isinstance(e, (OSError, UnsafePath)) or not isinstance(
             e, (ProtocolError, KeyError, TypeError, ValueError)
-        ):
+        )
+        code = TOOL if ours else USAGE
+        if ours:
+            what = (
+                f"the ticket daemon failed on this request: {describe(e)} "
+                f"(pid {os.getpid()}; its log {self.st.sd.log} has the details)"
+            )
+        elif isinstance(e, ProtocolError):
+            what = str(e)
+        elif isinstance(e, KeyError):
+            what = f"bad request: no field {e.args[0] if e.args else '?'}"
+        else:
+            what = f"bad request: {e}"
+        what = what[:600]
+        if self.st.log is not None and ours:
             import traceback
 
             self.st.log.error(
@@ -298,7 +328,7 @@ class Daemon:
                 uid=conn.uid,
                 error=traceback.format_exc(limit=8)[-2000:],
             )
-        refuse(conn, what)
+        refuse(conn, what, code)
         self._on_close(conn)
 
     def _on_close(self, conn: Conn) -> None:

@@ -23,11 +23,13 @@ from hold.daemon.usage import Usage
 from hold.daemon.workers import Workers
 from hold.devices.classes import DeviceClass
 from hold.devices.scancache import ScanCache
+from hold.errors import describe
 from hold.protocol import Ev
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import USAGE
 from hold_supervisor.proc.cgroup import v2_mount
 from hold_supervisor.proc.identity import user_name
+from hold_supervisor.safefile import UnsafePath
 
 
 class DaemonState:
@@ -93,8 +95,18 @@ class DaemonState:
         """(Any thread) make the loop look at what a worker left for it."""
         os.write(self.wake_w, why)
 
-    def save(self) -> None:
-        ledger.save(self.sd.state, list(self.sessions.values()))
+    def save(self, *, must: bool = False) -> None:
+        """The ledger to disk. A failure (the file replaced, the disk full) is logged
+        and the daemon goes on serving; ``must`` (a grant: on disk before anyone is
+        told) raises it instead, for that one request to be refused."""
+        try:
+            ledger.save(self.sd.state, list(self.sessions.values()))
+        except (UnsafePath, OSError) as e:
+            if must:
+                raise
+            if self.log is not None:
+                self.log.error("ledger_unwritable", path=self.sd.state, error=describe(e))
+            return
         self.saves += 1
 
     def log_for(self, event: str, s: SessionRec, **kw: Any) -> None:
