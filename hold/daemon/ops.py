@@ -34,6 +34,7 @@ from hold.protocol import (
 )
 from hold_supervisor.exitcodes import TOOL
 from hold_supervisor.proc import scan
+from hold_supervisor.proc.cgroup import cgroup_dir, leaf_named
 from hold_supervisor.proc.identity import ProcessId, read_stat, user_name
 from hold_supervisor.proc.tree import signalable_by
 
@@ -89,6 +90,7 @@ class Ops:
             return
         sid = os.urandom(8).hex()
         s = SessionRec(sid, conn.peer.pid, conn.peer.starttime, conn.uid, user_name(conn.uid))
+        s.owner_cgroup = cgroup_dir(conn.peer.pid, self.st.cg_mount)
         self.st.sessions[sid] = s
         self.st.attached[sid] = conn
         conn.session = s
@@ -283,7 +285,7 @@ class Ops:
         if (
             self.st.cg_mount is None
             or not os.path.realpath(leaf).startswith(self.st.cg_mount + "/")
-            or os.path.basename(leaf) != f"hold-{tree_id}"
+            or not leaf_named(os.path.basename(leaf), tree_id)
             or os.path.islink(leaf)
         ):
             return False

@@ -39,7 +39,7 @@ from hold.daemon.grants import Grants
 from hold.daemon.ledger import LeaseState
 from hold.daemon.ops import Ops
 from hold.daemon.records import Log
-from hold.daemon.sessions import Endings, recover
+from hold.daemon.sessions import LIFELINE, Endings, recover
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
 from hold.devices.classes import DeviceClass
@@ -348,9 +348,10 @@ class Daemon:
         if s is not None and self.st.attached.get(s.session_id) is conn:
             del self.st.attached[s.session_id]
             if s.persistent:
-                self.endings.end(s, "lifeline")
+                self.endings.end(s, LIFELINE)
             else:
                 self.st.sessions.pop(s.session_id, None)
+                self.endings.sweep_leaves(s)  # a leaf made, its tree not yet registered
 
     # ----------------------------------------------------------------- timers
 

@@ -149,6 +149,20 @@ class ProcessId(NamedTuple):
             return False
         return st.starttime == self.starttime and not st.is_dead
 
+    def wait_gone(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until this process has exited; True once it has
+        (a zombie has), False if it still runs or may not be looked at."""
+        import select
+
+        try:
+            h = self.open()
+        except NoSuchProcess:
+            return True
+        except AccessDenied:
+            return False
+        with h:
+            return bool(select.select([h.fd], [], [], timeout)[0])
+
     def open(self) -> Handle:
         """Pin this process with a pidfd; raises :class:`NoSuchProcess` if it is gone."""
         return Handle.open(self)
