@@ -172,6 +172,8 @@ def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -
         shared=cfg.shared_state,
         home_tokens=cfg.home_tokens,
         grant_busy=cfg.busy_devices,
+        unreadable=cfg.unreadable_processes,
+        limits=(cfg.limit_connections, cfg.limit_queued),
         idle_exit=idle,
         system=system,
         config_path=cfg.path,

@@ -164,6 +164,17 @@ def _client() -> Any:
         _fail(str(e), TOOL)
 
 
+def _status() -> Any:
+    """The daemon's ``status`` answer; its refusal (over this user's limits, say)
+    said as the daemon words it, with its exit status."""
+    from hold.client.connection import DaemonRefused
+
+    try:
+        return _client().ask({"op": Op.STATUS}, Ev.STATUS)
+    except DaemonRefused as e:
+        _fail(str(e), e.exit_code)
+
+
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_cmd(as_json: bool) -> None:
@@ -175,7 +186,7 @@ def status_cmd(as_json: bool) -> None:
     """
     from hold.views.status import main_status
 
-    main_status(_client().request({"op": Op.STATUS}), as_json)
+    main_status(_status(), as_json)
 
 
 @cli.command("web")
@@ -332,7 +343,7 @@ def metrics_cmd(output: str | None) -> None:
     from hold_supervisor.safefile import UnsafePath
 
     _, classes = _classes()
-    ans = _client().request({"op": Op.STATUS})
+    ans = _status()
     try:
         raise SystemExit(main_metrics(ans, build_report(_state_dir(), classes, None), output))
     except (UnsafePath, OSError) as e:

@@ -47,6 +47,7 @@ from hold.errors import HoldError, describe
 from hold.protocol import Ev, ProtocolError
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import TOOL, USAGE
+from hold_supervisor.proc.identity import user_name
 from hold_supervisor.safefile import UnsafePath
 from hold_supervisor.sigwake import drain
 from hold_supervisor.stack.notify import tell_systemd
@@ -68,6 +69,8 @@ class Daemon:
         shared: bool = False,
         home_tokens: bool = False,
         grant_busy: str = "wait",
+        unreadable: str = "refuse",
+        limits: tuple[int, int] = (256, 256),
         idle_exit: float | None = None,
         system: bool = False,
         config_path: str | None = None,
@@ -78,6 +81,8 @@ class Daemon:
             shared=shared,
             home_tokens=home_tokens,
             grant_busy=grant_busy,
+            unreadable=unreadable,
+            limits=limits,
             idle_exit=idle_exit,
             system=system,
             config_path=config_path,
@@ -250,10 +255,37 @@ class Daemon:
 
     def _accept(self, sock: socket.socket) -> None:
         conn = listener.accept(sock, self._want_write)
-        if conn is not None:
-            self.st.sel.register(conn.sock, selectors.EVENT_READ, ("conn", conn))
+        if conn is None:
+            return
+        st = self.st
+        have = st.conns_of.get(conn.uid, 0)
+        if conn.uid != 0 and have >= st.limits[0]:
+            # Over this user's limit: told why, and closed at once (never kept,
+            # never read): one user cannot take the daemon from the others.
+            conn.send(
+                {
+                    "ev": Ev.ERROR,
+                    "code": TOOL,
+                    "error": f"user {user_name(conn.uid)} has {have} connections open to "
+                    f"the ticket daemon, its limit (limits: {{connections: {st.limits[0]}}} "
+                    f"in {st.config_path or 'the configuration'}); close some and ask again",
+                }
+            )
+            conn.closed = True
+            conn.drop_output()
+            conn.sock.close()
+            if conn.pidfd is not None:
+                os.close(conn.pidfd)
+            st.refused[conn.uid] = st.refused.get(conn.uid, 0) + 1
+            if st.log is not None and st.refused[conn.uid] in (1, 10, 100, 1000, 10000):
+                st.log.error("connections_over_limit", uid=conn.uid, refused=st.refused[conn.uid])
+            return
+        st.conns_of[conn.uid] = have + 1
+        st.sel.register(conn.sock, selectors.EVENT_READ, ("conn", conn))
 
     def _want_write(self, conn: Conn, want: bool) -> None:
+        if conn.overflow:
+            self.st.overflowed.add(conn)
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
         try:
             self.st.sel.modify(conn.sock, events, ("conn", conn))
@@ -261,9 +293,11 @@ class Daemon:
             pass  # closed meanwhile
 
     def _close_overflowed(self) -> None:
-        for key in list(self.st.sel.get_map().values()):
-            kind, conn = key.data
-            if kind == "conn" and conn.overflow:
+        # Only those flagged (Conn.send): a look at every connection each turn
+        # was most of the daemon's CPU with thousands open.
+        while self.st.overflowed:
+            conn = self.st.overflowed.pop()
+            if not conn.closed:
                 assert self.st.log is not None
                 self.st.log.error(
                     "client_not_reading",
@@ -337,6 +371,11 @@ class Daemon:
         except (KeyError, ValueError):
             return  # already closed (a bad message ends its connection once)
         conn.closed = True
+        left = self.st.conns_of.get(conn.uid, 0) - 1
+        if left > 0:
+            self.st.conns_of[conn.uid] = left
+        else:
+            self.st.conns_of.pop(conn.uid, None)
         conn.flush()  # a last answer (an error) goes out if the socket takes it
         conn.drop_output()
         conn.sock.close()

@@ -41,6 +41,8 @@ class DaemonState:
         shared: bool,
         home_tokens: bool,
         grant_busy: str,
+        unreadable: str = "refuse",
+        limits: tuple[int, int] = (256, 256),
         idle_exit: float | None,
         system: bool,
         config_path: str | None,
@@ -68,6 +70,16 @@ class DaemonState:
         self.scan_cache = ScanCache()  # what the holder scans read a moment ago
         self.workers = Workers()  # scans before grants, stops at ends
         self.grant_busy = grant_busy  # "wait" (the default) or "warn": see hold.daemon.occupancy
+        # "refuse" (the default) or "ignore": a device this daemon cannot prove
+        # empty, for processes it may not read (see hold.daemon.occupancy.look)
+        self.unreadable = unreadable
+        # Per user, root excepted: (open connections, requests waiting in line)
+        # at most; and each user's open connections now (issue 24: one user's
+        # 11,000 idle connections took the daemon from everyone).
+        self.limits = limits
+        self.conns_of: dict[int, int] = {}
+        self.overflowed: set[Conn] = set()  # connections to close: their client stopped reading
+        self.refused: dict[int, int] = {}  # uid -> connections refused over its limit
         self.locks = devlock.Locks(devlock.lock_dir(), self.wake)
         self.records = Records(sd, home_tokens, self.log_for)
         # What hold report and hold metrics read: counters, held time, the history.
@@ -108,6 +120,15 @@ class DaemonState:
                 self.log.error("ledger_unwritable", path=self.sd.state, error=describe(e))
             return
         self.saves += 1
+
+    def limits_for(self, uid: int, queued: int) -> dict[str, Any]:
+        """The limits, and ``uid``'s use of them (``queued``: its requests in line)."""
+        return {
+            "connections": self.limits[0],
+            "queued": self.limits[1],
+            "exempt": ["root"],
+            "yours": {"connections": self.conns_of.get(uid, 0), "queued": queued},
+        }
 
     def log_for(self, event: str, s: SessionRec, **kw: Any) -> None:
         if self.log is not None:
