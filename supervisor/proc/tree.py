@@ -93,7 +93,7 @@ class Tree:
 
     __slots__ = (
         "_inos",
-        "_root_was_in",
+        "_inside",
         "adopts_orphans",
         "born_in_leaf",
         "cache",
@@ -145,7 +145,7 @@ class Tree:
         # Members found outside the leaf that had been in it (how found): the
         # leaf is no longer the whole tree, and "nobody" is no longer provable.
         self.escaped: dict[ProcessId, Member] = {}
-        self._root_was_in = False
+        self._inside: set[ProcessId] = set()  # members seen in the leaf
         # /proc as the last walk listed it (inode numbers by name): a
         # confirming look reads only what is new since, or a reused pid.
         self._inos: dict[str, int] = {}
@@ -352,24 +352,43 @@ class Tree:
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)
             out[pid] = Member(ident, st.comm, tuple(dict.fromkeys(why)))
-        self._note_escapes(out, in_leaf)
+        self._note_escapes(out, in_leaf, procs)
         return out
 
-    def _note_escapes(self, members: dict[int, Member], in_leaf: set[int]) -> None:
-        """Members outside the leaf that were in it (see :attr:`escaped`): the root
-        once it has been in the leaf or sits in a cgroup that is neither the leaf nor
-        ours (where a root not born in the leaf starts), anyone else always -- a
-        child is born in its parent's cgroup, and every member descends from the root."""
+    def _note_escapes(
+        self, members: dict[int, Member], in_leaf: set[int], procs: dict[int, Stat]
+    ) -> None:
+        """Members outside the leaf that had been in it (see :attr:`escaped`).
+
+        Had been: seen in it by an earlier look; or born in it -- a child of a
+        member seen in it (a child starts in its parent's cgroup), anyone of a
+        tree born in its leaf, the root of ours in a cgroup that is neither the
+        leaf nor ours (ours is where a root not yet in its leaf is). Not a
+        process that was never in it: an adopted job's, before it was moved in.
+        """
         if self.leaf is None:
             return
+        me = os.getpid()
         for pid, m in members.items():
             if pid in in_leaf:
-                if self.root is not None and m.ident == self.root:
-                    self._root_was_in = True
+                self._inside.add(m.ident)
+        for pid, m in members.items():
+            if pid in in_leaf or m.ident in self.escaped:
                 continue
-            if m.ident in self.escaped:
-                continue
-            if self.root is not None and m.ident == self.root and not self._root_left():
+            st = procs.get(pid)
+            parent = procs.get(st.ppid) if st is not None else None
+            if not (
+                m.ident in self._inside
+                or self.born_in_leaf
+                or (parent is not None and ProcessId(parent.pid, parent.starttime) in self._inside)
+                or (
+                    self.root is not None
+                    and m.ident == self.root
+                    and st is not None
+                    and st.ppid == me
+                    and self._root_elsewhere()
+                )
+            ):
                 continue
             try:  # its command line now: it is killed before the report is written
                 what = read_cmdline(pid)
@@ -426,13 +445,11 @@ class Tree:
             self.seen.add(ident)
             procs[pid] = st
             out[pid] = Member(ident, st.comm, tuple(why))
-        self._note_escapes(out, in_leaf)
+        self._note_escapes(out, in_leaf, procs)
         return procs, out
 
-    def _root_left(self) -> bool:
-        """Has the root, now outside the leaf, left it (rather than not yet entered)?"""
-        if self._root_was_in:
-            return True
+    def _root_elsewhere(self) -> bool:
+        """Is the root in a cgroup that is neither its leaf nor ours?"""
         assert self.root is not None and self.leaf is not None
         from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount
 
