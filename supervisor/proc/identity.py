@@ -48,11 +48,17 @@ class Stat(NamedTuple):
     pgrp: int
     session: int
     starttime: int
+    flags: int = 0  # the kernel's PF_* flags of the task
 
     @property
     def is_dead(self) -> bool:
         """Zombie or dead: holds nothing and runs nothing, only waits to be reaped."""
         return self.state in ("Z", "X", "x")
+
+    @property
+    def is_exiting(self) -> bool:
+        """In its exit (``PF_EXITING``): already out of its cgroup, not yet a zombie."""
+        return bool(self.flags & 0x4)
 
 
 def parse_stat(pid: int, data: bytes) -> Stat:
@@ -70,6 +76,7 @@ def parse_stat(pid: int, data: bytes) -> Stat:
         pgrp=int(f[2]),
         session=int(f[3]),
         starttime=int(f[19]),
+        flags=int(f[6]),
     )
 
 

@@ -376,6 +376,8 @@ class Tree:
             if pid in in_leaf or m.ident in self.escaped:
                 continue
             st = procs.get(pid)
+            if st is not None and st.is_exiting:
+                continue  # out of the leaf by its exit, not by a move
             parent = procs.get(st.ppid) if st is not None else None
             if not (
                 m.ident in self._inside
@@ -390,6 +392,8 @@ class Tree:
                 )
             ):
                 continue
+            if not self._outside_now(m.ident):
+                continue  # the look's reads were not atomic: gone, exiting, or in the leaf
             try:  # its command line now: it is killed before the report is written
                 what = read_cmdline(pid)
             except (NoSuchProcess, AccessDenied):
@@ -447,6 +451,19 @@ class Tree:
             out[pid] = Member(ident, st.comm, tuple(why))
         self._note_escapes(out, in_leaf, procs)
         return procs, out
+
+    def _outside_now(self, ident: ProcessId) -> bool:
+        """Is ``ident`` alive, not in its exit, and in a cgroup outside the leaf, by its
+        own ``/proc/PID/cgroup`` read now (a look's stat and the leaf's list are
+        read at different moments: a member killed between them seemed outside)?"""
+        from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount, within
+
+        assert self.leaf is not None
+        st = scan.stat_of(ident.pid)
+        if st is None or st.starttime != ident.starttime or st.is_dead or st.is_exiting:
+            return False
+        where = cgroup_dir(ident.pid, v2_mount())
+        return where is not None and not within(where, os.path.normpath(self.leaf.path))
 
     def _root_elsewhere(self) -> bool:
         """Is the root in a cgroup that is neither its leaf nor ours?"""
