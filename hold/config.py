@@ -20,6 +20,7 @@ from hold_supervisor.parse import BadValue, did_you_mean
 
 CGROUP_MODES = ("auto", "off", "required")
 BUSY_MODES = ("wait", "warn")
+UNREADABLE_MODES = ("refuse", "ignore")
 
 
 class Config(NamedTuple):
@@ -34,6 +35,14 @@ class Config(NamedTuple):
     # A device held by a process outside any lease: "wait" (not granted until
     # it is empty) or "warn" (granted, and the client is told who holds it).
     busy_devices: str = "wait"
+    # A device whose emptiness this daemon cannot prove (it may not read some
+    # processes: a per-user daemon, other users'): "refuse" its grant (saying
+    # why) or "ignore" the processes it cannot read (the risk accepted).
+    unreadable_processes: str = "refuse"
+    # limits: {connections: N, queued: N}: what one user (root excepted) may
+    # hold open at the daemon at once, and keep waiting in line (issue 24).
+    limit_connections: int = 256
+    limit_queued: int = 256
     devices: Any = None  # the YAML node; read by the device classes
     # report: {labels: true}: hold report shows other users' labels (not
     # private ones); {sample: 30s}: how often live leases are scanned for "held".
@@ -95,7 +104,17 @@ def load(environ: dict[str, str] | os._Environ[str] = os.environ) -> Config:
     return parse_file(path)
 
 
-TOP_KEYS = ("busy_devices", "cgroups", "compat", "devices", "report", "scratch", "state")
+TOP_KEYS = (
+    "busy_devices",
+    "cgroups",
+    "compat",
+    "devices",
+    "limits",
+    "report",
+    "scratch",
+    "state",
+    "unreadable_processes",
+)
 # What people type for our keys (from other tools, or by habit).
 SYNONYMS = {
     "cgroup": "cgroups",
@@ -110,6 +129,8 @@ SYNONYMS = {
     "home_tokens": "compat",
     "shared": "state",
     "shared_state": "state",
+    "unreadable": "unreadable_processes",
+    "unreadable_process": "unreadable_processes",
 }
 
 
@@ -143,10 +164,16 @@ def parse_file(path: str) -> Config:
                 values["shared_state"] = _flag(vnode, path, "state", "shared", problems)
             elif key == "busy_devices":
                 values["busy_devices"] = _choice(vnode, path, "busy_devices", BUSY_MODES)
+            elif key == "unreadable_processes":
+                values["unreadable_processes"] = _choice(
+                    vnode, path, "unreadable_processes", UNREADABLE_MODES
+                )
             elif key == "devices":
                 values["devices"] = vnode
             elif key == "report":
                 values.update(_report(vnode, path, problems))
+            elif key == "limits":
+                values.update(_limits(vnode, path, problems))
             elif key == "scratch":
                 values["scratch_min_free"] = _scratch(vnode, path, problems)
             else:
@@ -223,6 +250,32 @@ def _flag(
         except BadValue as e:
             problems.append(e)
     return value
+
+
+LIMIT_RANGE = (1, 100_000)
+
+
+def _limits(node: Any, path: str, problems: list[BadValue]) -> dict[str, Any]:
+    """``limits: {connections: N, queued: N}``, each a whole number from 1 to 100000
+    (what one user may hold at the daemon: :class:`hold.daemon.state.DaemonState`).
+    A bad key or value is added to ``problems``."""
+    out: dict[str, Any] = {}
+    keys = ("connections", "queued")
+    for key, (knode, vnode) in _mapping(node, path, "limits").items():
+        where = f"{path}:{knode.start_mark.line + 1}"
+        try:
+            if key not in keys:
+                raise BadValue(
+                    "key limits.", key, " or ".join(keys) + did_you_mean(key, keys), where
+                )
+            text = _scalar(vnode, path)
+            lo, hi = LIMIT_RANGE
+            if not text.isdigit() or not lo <= int(text) <= hi:
+                raise BadValue(f"limits.{key}", text, f"a whole number from {lo} to {hi}", where)
+            out[f"limit_{key}"] = int(text)
+        except BadValue as e:
+            problems.append(e)
+    return out
 
 
 def _report(node: Any, path: str, problems: list[BadValue]) -> dict[str, Any]:

@@ -103,6 +103,9 @@ def system_serves() -> bool:
     return True
 
 
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's name (sun_path, less its NUL)
+
+
 def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> str:
     explicit = environ.get("HOLD_STATE_DIR")
     if explicit:
@@ -115,6 +118,15 @@ def default_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> str
                 "HOLD_STATE_DIR",
                 explicit,
                 "an absolute path of a directory of its own (not /, no ..)",
+            )
+        if len(os.path.join(explicit, "daemon.sock").encode()) > SOCKET_PATH_MAX:
+            # The kernel's limit on a socket's name (sun_path): no daemon could
+            # listen there, nor a client connect.
+            raise BadValue(
+                "HOLD_STATE_DIR",
+                explicit,
+                f"a path of at most {SOCKET_PATH_MAX - len('/daemon.sock')} bytes "
+                "(the daemon's socket is named inside it)",
             )
         return explicit
     if os.geteuid() == 0 or system_serves():

@@ -293,11 +293,14 @@ def test_covered_holders_direct_and_setsid_escapee(
     lease1 = lease_of(1)
     assert (r1["device"], r1["covered"], r1["lease"]) == ("fake:1", True, lease1["lease"])
     if cgroup_mode == "cgroup":
-        # The lease's client is no subreaper here: the escapee's parent is
-        # pytest, and only the lease's cgroup leaf still ties it to the lease.
+        # The lease's client is a subreaper with a leaf too (issue 24): the
+        # escapee is its child, and in the lease's cgroup leaf.
         assert lease0["leaves"] and lease1["leaves"]
-        assert scan.ancestors(escapee["holder"])[0].pid == os.getpid()
-        assert r1["why"] == "in the lease's cgroup"
+        assert scan.ancestors(escapee["holder"])[0].pid == lease1["holder_pid"]
+        assert r1["why"] in (
+            "in the lease's cgroup",
+            f"descends from holder pid {lease1['holder_pid']}",
+        )
     else:
         # Without a cgroup the client is a child subreaper: the escapee is its
         # child. (The lease names the keeper, the pid its command line started:

@@ -25,7 +25,7 @@ THREE = "cgroup: auto\ndevices:\n  x:\n    nodes: [dev/x]\ncgroups: maybe\n"
 def three_lines(path: Path) -> list[str]:
     return [
         f"{path}:1: key 'cgroup' is not valid: one of busy_devices, cgroups, compat, devices, "
-        "report, scratch, state; did you mean 'cgroups'?",
+        "limits, report, scratch, state, unreadable_processes; did you mean 'cgroups'?",
         f"{path}:4: devices.x.nodes 'dev/x' is not valid: an absolute path pattern",
         f"{path}:5: cgroups 'maybe' is not valid: one of auto, off, required",
     ]

@@ -791,7 +791,7 @@ CONFIG_DOCS: list[tuple[str, str | bytes, str]] = [
         "cgroups-typo",
         "cgroup: auto\n",
         "{file}:1: key 'cgroup' is not valid: one of busy_devices, cgroups, compat, devices, "
-        "report, scratch, state; did you mean 'cgroups'?",
+        "limits, report, scratch, state, unreadable_processes; did you mean 'cgroups'?",
     ),
     (
         "report-labels-word",

@@ -197,7 +197,7 @@ def test_sigkilled_hold_run_in_a_delegated_subtree_leaves_no_vanished_descendant
         assert _cgroup_of(proc.pid) == home
         leaf = _cgroup_of(escapee)
         assert os.path.dirname(leaf) == delegation.path, (leaf, delegation.path)
-        assert re.fullmatch(r"hold-[0-9a-f]+", os.path.basename(leaf)), leaf
+        assert re.fullmatch(r"hold-[0-9a-f]+\.\d+\.\d+", os.path.basename(leaf)), leaf
         assert os.stat(leaf).st_uid == pwd.getpwnam(unpriv_user).pw_uid
 
         proc.send_signal(signal.SIGKILL)

@@ -1,8 +1,9 @@
 """One machine, two real unprivileged users, the default configuration.
 
 Each user runs ``hold`` as a new user would: no ``HOLD_STATE_DIR``, their own
-``XDG_RUNTIME_DIR``, so each gets a per-user daemon -- and still only one of
-them holds the device at a time, through the machine-wide kernel lock (in
+``XDG_RUNTIME_DIR``, so each gets a per-user daemon (told to grant what it cannot
+prove free: ``unreadable_processes: ignore``, but in the test of that refusal)
+-- and still only one of them holds the device at a time, through the machine-wide kernel lock (in
 the real lock directory, ``/run/lock``, named by the test node's identity so
 that nothing else on the machine shares it). Then a system daemon, run in a
 private mount namespace (its own ``/run``, so the machine's is untouched),
@@ -130,7 +131,13 @@ def world(unpriv_user: str, other_user: str, unpriv_runtime: Path) -> Iterator[W
     (base / "dev").mkdir(mode=0o755)
     w.node.write_text("")
     w.node.chmod(0o666)
-    w.config.write_text(f'devices:\n  npu:\n    nodes: ["{base}/dev/accel*"]\n')
+    # The per-user daemons here accept that they cannot read each other's
+    # processes (unreadable_processes: ignore): these tests are of the kernel
+    # locks between them; the refusal without it is test_a_per_user_daemon_
+    # refuses_a_device_it_cannot_prove_free.
+    w.config.write_text(
+        f'devices:\n  npu:\n    nodes: ["{base}/dev/accel*"]\nunreadable_processes: ignore\n'
+    )
     w.config.chmod(0o644)
     w.work.mkdir()
     w.work.chmod(0o777)
@@ -661,3 +668,46 @@ def test_a_per_user_daemon_believes_its_count_only_until_an_open(world: World) -
         ("grant", "no scan since the watch started"),
         ("lease end", "opened since the last scan"),
     ], scans
+
+
+def test_a_per_user_daemon_refuses_a_device_it_cannot_prove_free(world: World) -> None:
+    """User B's process holds the node; user A's own daemon may not read B's
+    processes, so its scan sees nobody -- and it did grant (issue 24). Now it
+    refuses (exit 2: waiting cannot change it), says why and what to do, and
+    grants only where the configuration accepts the risk."""
+    a_user, b_user = world.users
+    world.config.write_text(f'devices:\n  npu:\n    nodes: ["{world.node}"]\n')
+    ready = world.work / "holder.ready"
+    code = (
+        "import sys, time; f = open(sys.argv[1]); "
+        "open(sys.argv[2], 'w').write('1'); time.sleep(120)"
+    )
+    holder = subprocess.Popen(
+        [
+            *world.prefix,
+            *as_user(
+                b_user, [world.py, "-c", code, str(world.node), str(ready)], world.runtime, {}
+            ),
+        ],
+        stdin=subprocess.DEVNULL,
+    )
+    world.procs.append(holder)
+    wait_for(ready.exists, 30, what="user B's process to open the node")
+
+    res = world.run(a_user, "run", "-d", "npu", "-t", "1m", "--", "true")
+    assert res.returncode == 2, res.stderr
+    assert "npu:0 cannot be proven free" in res.stderr, res.stderr
+    assert f"runs as {a_user}" in res.stderr and "of other users" in res.stderr, res.stderr
+    assert "system daemon" in res.stderr and "unreadable_processes: ignore" in res.stderr
+    log = (world.state(a_user) / "daemon.log").read_text()
+    assert '"grant_unproven"' in log and '"granted"' not in log, log[-2000:]
+
+    # The documented setting: the risk accepted, the scan's word stands (it
+    # sees nobody: B's process is not its to read).
+    world.config.write_text(
+        f'devices:\n  npu:\n    nodes: ["{world.node}"]\nunreadable_processes: ignore\n'
+    )
+    assert world.run(a_user, "daemon", "--reload").returncode == 0
+    res = world.run(a_user, "run", "-d", "npu", "-t", "1m", "--", "true")
+    assert res.returncode == 0, res.stderr
+    assert holder.poll() is None  # nobody stopped B's process: not A's to stop

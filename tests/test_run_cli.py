@@ -110,7 +110,8 @@ def test_command_exits_and_what_it_left_is_stopped(
 
         tree = re.search(r"tree ([0-9a-f]+):", res.stderr)
         assert tree is not None
-        assert not os.path.exists(f"{Hierarchy.find().base}/hold-{tree.group(1)}")
+        base = Hierarchy.find().base
+        assert not [n for n in os.listdir(base) if n.startswith(f"hold-{tree.group(1)}.")]
 
 
 # --------------------------------------------------------------------------

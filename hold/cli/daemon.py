@@ -123,6 +123,7 @@ def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -
     daemon does (3), or it failed (1).
     """
     from hold.config import load
+    from hold.daemon.devlock import lock_dir
     from hold.daemon.server import Daemon
     from hold.devices.classes import classes_from_config
     from hold.statedir import SYSTEM_DIR, open_state_dir
@@ -134,6 +135,7 @@ def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -
             idle = parse_duration(idle_exit, what="--idle-exit", plain_unit="seconds")
         cfg = load()
         classes = classes_from_config(cfg.devices, cfg.path)
+        lock_dir()  # before the fork: a bad one is the client's message, not a grant's
         if system:
             if os.geteuid() != 0:
                 raise DaemonCommandError(
@@ -170,6 +172,8 @@ def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -
         shared=cfg.shared_state,
         home_tokens=cfg.home_tokens,
         grant_busy=cfg.busy_devices,
+        unreadable=cfg.unreadable_processes,
+        limits=(cfg.limit_connections, cfg.limit_queued),
         idle_exit=idle,
         system=system,
         config_path=cfg.path,

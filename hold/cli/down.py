@@ -215,7 +215,7 @@ def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[in
     (pid, start time)."""
     from hold_supervisor.environ import MARKER
     from hold_supervisor.proc import scan as procscan
-    from hold_supervisor.proc.cgroup import Leaf, cgroup_dir, v2_mount
+    from hold_supervisor.proc.cgroup import Leaf, cgroup_dir, leaf_in, v2_mount
     from hold_supervisor.proc.tree import Tree
 
     procs = procscan.snapshot()
@@ -232,9 +232,7 @@ def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[in
             strays.append((p, procs[p].starttime))
             continue
         path = cgroup_dir(p, mount)
-        leaf = None
-        if path is not None and f"/hold-{tree_id}" in path + "/":
-            leaf = path[: path.index(f"/hold-{tree_id}") + len(f"/hold-{tree_id}")]
+        leaf = leaf_in(path, tree_id) if path is not None else None
         if leaves.get(tree_id) is None:
             leaves[tree_id] = leaf
     start = since if since is not None else min((procs[p].starttime for p in procs), default=0)

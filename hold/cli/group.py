@@ -170,6 +170,17 @@ def _client() -> Any:
         _fail(str(e), TOOL)
 
 
+def _status() -> Any:
+    """The daemon's ``status`` answer; its refusal (over this user's limits, say)
+    said as the daemon words it, with its exit status."""
+    from hold.client.connection import DaemonRefused
+
+    try:
+        return _client().ask({"op": Op.STATUS}, Ev.STATUS)
+    except DaemonRefused as e:
+        _fail(str(e), e.exit_code)
+
+
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_cmd(as_json: bool) -> None:
@@ -181,11 +192,10 @@ def status_cmd(as_json: bool) -> None:
     """
     from hold.views.status import SECOND_LOOK, main_status, unrated, with_gpu
 
-    client = _client()
-    ans = client.request({"op": Op.STATUS})
+    ans = _status()
     if not as_json and unrated(ans):  # a CPU per cent needs two readings: the second now
         time.sleep(SECOND_LOOK)
-        ans = client.request({"op": Op.STATUS})
+        ans = _status()
     main_status(with_gpu(ans), as_json)
 
 
@@ -397,7 +407,7 @@ def metrics_cmd(output: str | None) -> None:
     from hold_supervisor.safefile import UnsafePath, WriteFailed
 
     _, classes = _classes()
-    ans = with_gpu(_client().request({"op": Op.STATUS}))
+    ans = with_gpu(_status())
     try:
         raise SystemExit(main_metrics(ans, build_report(_state_dir(), classes, None), output))
     except (UnsafePath, WriteFailed) as e:  # each names the file it could not write

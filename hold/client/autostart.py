@@ -42,7 +42,8 @@ def start_daemon(sd: StateDir, timeout: float) -> None:
                 time.sleep(0.01)
         if not started:
             raise DaemonUnreachable(
-                f"the ticket daemon for {sd.path} failed to start: {_last_line(sd.log)}"
+                f"the ticket daemon for {sd.path} failed to start: {_last_line(sd.log)} "
+                f"(its log: {sd.log}; `hold daemon` in the foreground says the same)"
             )
     except filelock.Timeout:
         pass

@@ -36,9 +36,19 @@ from hold.unixsock import (
     recv_fds,
     send_fds,
 )
+from hold_supervisor.exitcodes import TOOL
 
 START_TIMEOUT = 10.0
 T = TypeVar("T")
+
+
+class DaemonRefused(DaemonUnreachable):
+    """The daemon answered with an error (over this user's limits, say): its
+    words, and its exit status."""
+
+    def __init__(self, msg: str, code: int) -> None:
+        super().__init__(msg)
+        self.exit_code = code
 
 
 class Client:
@@ -105,7 +115,7 @@ class Client:
         client = cls(sd, sock)
         try:
             client.open_session()
-        except DaemonSilent:
+        except (DaemonSilent, DaemonRefused):
             client.close()
             raise
         except (DaemonUnreachable, OSError, ProtocolError):
@@ -221,8 +231,17 @@ class Client:
         What the daemon says of our lease meanwhile (expired, released: it
         may come before the answer) is not the answer: it is kept for
         :meth:`read_available`, where the lease's holder looks for it.
+
+        A daemon that refused us and closed before we asked (over this user's
+        limits) left its reason unread: that is the answer.
         """
-        self.send(msg)
+        try:
+            self.send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            said = self._last_words()
+            if said is None:
+                raise
+            return said
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -234,6 +253,14 @@ class Client:
             if not _about_our_lease(ans):
                 return ans
             self.events.append(ans)
+
+    def _last_words(self) -> Message | None:
+        """The error a daemon sent before it closed our connection, if it did."""
+        try:
+            said = self.recv(time.monotonic() + 0.5)
+        except (TimeoutError, OSError, ProtocolError):
+            return None
+        return said if said is not None and said.get("ev") == Ev.ERROR else None
 
     def ping(self, timeout: float = ANSWER_TIMEOUT) -> None:
         """Does the daemon still read? Asked on this connection (``leases``: it
@@ -296,10 +323,18 @@ class Client:
                 return
         self.reopen(timeout)
 
+    def ask(self, msg: Message, want: str, timeout: float = ANSWER_TIMEOUT) -> Message:
+        """:meth:`request`, its answer of kind ``want``; :class:`DaemonRefused`
+        with the daemon's words for an error, never a typed answer's KeyError."""
+        ans = self.request(msg, timeout)
+        if ans.get("ev") == Ev.ERROR:
+            raise DaemonRefused(str(ans.get("error")), _code(ans))
+        if ans.get("ev") != want:
+            raise ProtocolError(f"unexpected answer to {msg.get('op')}: {ans.get('ev')!r}")
+        return ans
+
     def open_session(self) -> str:
-        ans = self.request({"op": Op.OPEN})
-        if ans.get("ev") != Ev.SESSION:
-            raise ProtocolError(f"unexpected answer {ans}")
+        ans = self.ask({"op": Op.OPEN}, Ev.SESSION)
         self.session = str(ans["session"])
         self.info = ans
         return self.session
@@ -390,6 +425,12 @@ class Client:
         for fd in self.lock_fds:
             os.close(fd)
         self.lock_fds = []
+
+
+def _code(ans: Message) -> int:
+    """The exit status an error answer carries (the tool's failure if none)."""
+    code = ans.get("code")
+    return code if isinstance(code, int) and 0 < code < 256 else TOOL
 
 
 def _wait_gone(pid: int, timeout: float) -> None:

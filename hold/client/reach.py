@@ -9,7 +9,7 @@ which probes the socket while it starts a daemon, needs nothing of the client.
 from __future__ import annotations
 
 from hold.client import waits
-from hold.errors import HoldError
+from hold.errors import HoldError, describe
 from hold.statedir import StateDir
 from hold.unixsock import Socket, peer_pid, send_timeout, unix_stream
 from hold_supervisor.exitcodes import USAGE
@@ -92,6 +92,9 @@ def try_connect(
         raise DaemonUnreachable(
             f"may not connect to {path} (permission denied): it is another user's daemon"
         ) from None
+    except OSError as e:
+        sock.close()
+        raise DaemonUnreachable(f"cannot connect to {path}: {describe(e)}") from None
     return sock
 
 

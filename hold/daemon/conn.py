@@ -117,6 +117,7 @@ class Conn:
             self.want_write(self, True)
         if sum(len(d) for d, _ in self.out) > MAX_UNSENT:
             self.overflow = True
+            self.want_write(self, True)  # the daemon notes it (and closes it after this turn)
 
     def flush(self) -> None:
         """Send queued output until the socket would block."""

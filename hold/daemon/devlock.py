@@ -58,6 +58,10 @@ def lock_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
     arbiters with different lock directories do not exclude each other)."""
     explicit = environ.get("HOLD_LOCK_DIR")
     if explicit:
+        # Checked once, at the daemon's start: a missing one failed every grant
+        # later, as an error about a lock file nobody had asked for.
+        if not os.path.isdir(explicit) or not os.access(explicit, os.W_OK | os.X_OK):
+            raise BadValue("HOLD_LOCK_DIR", explicit, "an existing directory this daemon may write")
         return explicit
     for cand in LOCK_DIRS:
         try:
@@ -102,6 +106,8 @@ def open_lock(path: str) -> int:
                 fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
             except FileExistsError:
                 continue  # made by someone else meanwhile: open theirs
+            except OSError as e:  # the directory gone, full, read-only
+                raise LockUnusable(f"{path}: cannot be made ({e.strerror})") from None
             os.fchmod(fd, 0o666)  # the umask would keep other users out
         except OSError as e:
             if root and e.errno == errno.ELOOP and _remove_planted(path):

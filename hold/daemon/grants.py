@@ -21,8 +21,9 @@ from hold.daemon.ledger import Lease, SessionRec, TreeRec
 from hold.daemon.schedule import plan
 from hold.daemon.state import DaemonState, label_for, refuse
 from hold.daemon.tokens import UnsafePath, remove_owned
+from hold.errors import describe
 from hold.protocol import Ev
-from hold_supervisor.exitcodes import TOOL
+from hold_supervisor.exitcodes import TOOL, USAGE
 from hold_supervisor.proc.identity import ProcessId
 
 RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
@@ -48,9 +49,11 @@ class Grants:
         self.blocked: dict[Device, Holders] = {}
         self.blocker_fds: dict[int, Device] = {}
         self.recheck_at: float | None = None
-        self.checks: queue.SimpleQueue[tuple[Request, str, list[int], dict[int, Holders]]] = (
-            queue.SimpleQueue()
-        )
+        # What each scan for a grant found: (request, class, devices, holders, why
+        # the devices cannot be proven empty or None).
+        self.checks: queue.SimpleQueue[
+            tuple[Request, str, list[int], dict[int, Holders], str | None]
+        ] = queue.SimpleQueue()
         self.seq = 0  # arrival order of requests
 
     # ------------------------------------------------------------ the lines
@@ -59,6 +62,10 @@ class Grants:
         req.conn.request = req
         self.queues[cls].append(req)
         self.schedule(cls)
+
+    def queued_of(self, uid: int) -> int:
+        """How many requests of ``uid`` wait in line (every class): its limit's use."""
+        return sum(1 for q in self.queues.values() for r in q if r.conn.uid == uid)
 
     def drop_request(self, req: Request) -> None:
         req.conn.request = None
@@ -164,23 +171,28 @@ class Grants:
             self.st.log.info("scan_needed", cls=cls, devices=devices, why=why, at="grant")
 
         def work() -> None:
+            unproven: str | None = None  # why the devices cannot be proven empty
             try:
                 occ = self.st.occupancy
-                found = occupancy.checked_look(occ, self.st.classes[cls], devices, keys)
-                found = without_tree(found, req.tree, req.conn.uid)  # an adopted job's own
+                seen = occupancy.checked_look(
+                    occ, self.st.classes[cls], devices, keys, self.st.unreadable
+                )
+                found = without_tree(seen.found, req.tree, req.conn.uid)  # an adopted job's own
+                if not found and seen.unproven:
+                    unproven = seen.why_unproven(cls)
             except Exception as e:  # a failed scan must not grant a device blindly
                 found = {
                     devices[0]: [
                         {
                             "pid": 0,
                             "user": "?",
-                            "command": f"scan failed: {e!r}",
+                            "command": f"scan failed: {describe(e)}",
                             "starttime": 0,
                             "memory_bytes": None,
                         }
                     ]
                 }
-            self.checks.put((req, cls, devices, found))
+            self.checks.put((req, cls, devices, found, unproven))
             self.st.wake(b"c")
 
         self.st.workers.submit(work)
@@ -188,7 +200,7 @@ class Grants:
     def finish_checks(self) -> None:
         while True:
             try:
-                req, cls, devices, found = self.checks.get_nowait()
+                req, cls, devices, found, unproven = self.checks.get_nowait()
             except queue.Empty:
                 return
             for i in devices:
@@ -197,7 +209,14 @@ class Grants:
             if req not in self.queues[cls]:  # the client left meanwhile
                 self.schedule(cls)
                 continue
-            if found and self.st.grant_busy == "wait":
+            if unproven is not None:
+                # Waiting cannot change it (issue 24): refused, saying why and what to do.
+                self.queues[cls].remove(req)
+                req.conn.request = None
+                if req.conn.session is not None:
+                    self.st.log_for("grant_unproven", req.conn.session, devices=devices)
+                refuse(req.conn, unproven, USAGE)
+            elif found and self.st.grant_busy == "wait":
                 self._hold_back(cls, req, devices, found)
             else:
                 self._grant_checked(cls, req, devices, found)
@@ -293,9 +312,11 @@ class Grants:
         for i in devices:
             self.held[(cls, i)] = s.session_id
         lease.private = req.private
-        # On disk before anyone is told: a restarted daemon must know.
-        self.st.save()
         try:
+            # On disk before anyone is told: a restarted daemon must know. A
+            # ledger that cannot be written refuses this grant, not the daemon
+            # (it ended every user's daemon, issue 24).
+            self.st.save(must=True)
             self.st.records.write_tokens(s)
             owner = self._lock_record(s)
             for i in devices:
@@ -325,8 +346,13 @@ class Grants:
         """The lease could not be recorded: refused, its devices free again."""
         s = req.conn.session
         assert s is not None
-        self.st.log_for("grant_refused", s, error=str(e))
-        refuse(req.conn, f"cannot record the lease: {e}", TOOL)
+        self.st.log_for("grant_refused", s, error=describe(e))
+        refuse(
+            req.conn,
+            f"the ticket daemon cannot record the lease: {describe(e)} "
+            f"(pid {os.getpid()}; its log {self.st.sd.log})",
+            TOOL,
+        )
         s.lease = None
         for i in devices:
             del self.held[(cls, i)]

@@ -111,7 +111,16 @@ class Lease:
 class SessionRec:
     """One client (the owner: pid + start time + uid), its lease and its trees."""
 
-    __slots__ = ("lease", "owner_pid", "owner_start", "session_id", "trees", "uid", "user")
+    __slots__ = (
+        "lease",
+        "owner_cgroup",
+        "owner_pid",
+        "owner_start",
+        "session_id",
+        "trees",
+        "uid",
+        "user",
+    )
 
     def __init__(
         self, session_id: str, owner_pid: int, owner_start: int, uid: int, user: str
@@ -123,6 +132,9 @@ class SessionRec:
         self.user = user
         self.lease: Lease | None = None
         self.trees: dict[str, TreeRec] = {}
+        # Where the owner's cgroup leaves are made: its own cgroup or above (see
+        # hold_supervisor.proc.cgroup.sweep_made_by), read when it opened.
+        self.owner_cgroup: str | None = None
 
     @property
     def persistent(self) -> bool:
@@ -137,6 +149,7 @@ class SessionRec:
             "user": self.user,
             "lease": self.lease.to_json() if self.lease else None,
             "trees": [t.to_json() for t in self.trees.values()],
+            "owner_cgroup": self.owner_cgroup,
         }
 
     @classmethod
@@ -144,6 +157,8 @@ class SessionRec:
         s = cls(d["session_id"], d["owner_pid"], d["owner_start"], d["uid"], d["user"])
         s.lease = Lease.from_json(d["lease"]) if d.get("lease") else None
         s.trees = {t["tree_id"]: TreeRec.from_json(t) for t in d.get("trees", [])}
+        cg = d.get("owner_cgroup")
+        s.owner_cgroup = cg if isinstance(cg, str) else None
         return s
 
 

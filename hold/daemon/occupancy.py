@@ -203,19 +203,52 @@ class Look(NamedTuple):
     found: Holders  # holders outside the class's allowed ones
     allowed: frozenset[int]  # devices held (only) by allowed holders
     complete: bool  # every process that may hold a device could be read (see look)
+    # Devices nobody was found holding, but which processes this daemon may not
+    # read might hold (and no other witness cleared): not proven empty.
+    unproven: frozenset[int] = frozenset()
+    unseen: int = 0  # processes the scan may not read
 
     def trust(self, index: int) -> Trust | None:
         """How far this scan lets the count of device ``index`` be believed."""
-        if index in self.found:
+        if index in self.found or index in self.unproven:
             return None
         return "exact" if self.complete and index not in self.allowed else "opens"
 
+    def why_unproven(self, cls: str) -> str:
+        """For a refused client: which devices, why, and what to do."""
+        import pwd
 
-def look(cls: DeviceClass, devices: list[int], cache: ScanCache | None = None) -> Look:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        names = ", ".join(f"{cls}:{i}" for i in sorted(self.unproven))
+        return (
+            f"{names} cannot be proven free: this ticket daemon runs as {me} and may not "
+            f"read {self.unseen} process(es) of other users, any of which may hold it. Use "
+            "the system daemon, which reads every process (an administrator: sudo hold "
+            "daemon --install), or accept the risk with 'unreadable_processes: ignore' in "
+            "the configuration"
+        )
+
+
+def look(
+    cls: DeviceClass,
+    devices: list[int],
+    cache: ScanCache | None = None,
+    *,
+    unreadable: str = "ignore",
+) -> Look:
     """Scan ``devices`` of ``cls``: who holds them, and what the scan could see.
 
     ``cache``: processes read a moment ago holding nothing are not read again
     (:mod:`hold.devices.scancache`); a scan meant to start a count must not use it.
+
+    ``unreadable``: "refuse" -- a daemon not running as root, whose scan could
+    not read some processes (other users'), proves a device empty only where
+    another witness does: for an NVIDIA GPU, NVML's list of the processes with a
+    context on it, whoever runs them (a process it lists is a holder, named by
+    pid, even one the scan could not read). Other devices are ``unproven``.
+    (Root's blind spots -- a process more privileged than root here -- stay
+    the scan's, counted only: see ``complete`` below.) "ignore": the scan's
+    word, what it could read.
     """
     tgts = {
         k: t
@@ -241,7 +274,52 @@ def look(cls: DeviceClass, devices: list[int], cache: ScanCache | None = None) -
     # ``not_inspected`` and left out of this rule: it would make every count
     # on such a machine a count of opens only.
     complete = os.geteuid() == 0 and not _nested_pid_namespace()
-    return Look(out, allowed, complete)
+    unproven: set[int] = set()
+    if unreadable == "refuse" and os.geteuid() != 0 and result.not_inspected:
+        unproven = {i for i in devices if i not in out}
+        for i, holders in _nvml_witness(cls, sorted(unproven)).items():
+            unproven.discard(i)
+            if holders:
+                out[i] = holders
+    return Look(out, allowed, complete, frozenset(unproven), result.not_inspected)
+
+
+def _nvml_witness(cls: DeviceClass, devices: list[int]) -> Holders:
+    """For the NVIDIA GPUs among ``devices``: who NVML says has a context on each
+    ([] for none: NVML's word that it is free); a device it cannot answer for is
+    missing."""
+    from hold.devices.gpuids import nvidia_minor
+
+    nodes = cls.device_nodes()
+    minors = {i: nvidia_minor(nodes[i]) for i in devices if i < len(nodes)}
+    minors = {i: m for i, m in minors.items() if m is not None}
+    if not minors:
+        return {}
+    from hold.devices import nvml
+
+    listed = nvml.pids_by_minor()
+    if listed is None:
+        return {}
+    out: Holders = {}
+    for i, minor in minors.items():
+        if minor not in listed:
+            continue
+        out[i] = []
+        for pid in sorted(listed[minor]):
+            st = procscan.stat_of(pid)
+            uid = procscan.uid_of(pid)
+            out[i].append(
+                {
+                    "pid": pid,
+                    "starttime": st.starttime if st is not None else 0,
+                    "uid": uid,
+                    "user": user_name(uid) if uid is not None else "?",
+                    "command": details(pid).command[:200],
+                    "node": nodes[i],
+                    "memory_bytes": None,
+                }
+            )
+    return out
 
 
 def holders_of(cls: DeviceClass, devices: list[int], cache: ScanCache | None = None) -> Holders:
@@ -249,7 +327,13 @@ def holders_of(cls: DeviceClass, devices: list[int], cache: ScanCache | None = N
     return look(cls, devices, cache).found
 
 
-def checked_look(occ: Occupancy, cls: DeviceClass, devices: list[int], keys: list[str]) -> Holders:
+def checked_look(
+    occ: Occupancy,
+    cls: DeviceClass,
+    devices: list[int],
+    keys: list[str],
+    unreadable: str = "ignore",
+) -> Look:
     """:func:`look`, and what it proves given to the count: the baseline of each device.
 
     A scan that found a device empty while its node was opened or closed
@@ -258,11 +342,11 @@ def checked_look(occ: Occupancy, cls: DeviceClass, devices: list[int], keys: lis
     """
     for _ in range(LOOKS):
         marked = occ.mark(keys)
-        seen = look(cls, devices)
+        seen = look(cls, devices, unreadable=unreadable)
         moved = occ.settle(marked, {k: seen.trust(i) for k, i in zip(keys, devices, strict=True)})
         if not any(k in moved for k, i in zip(keys, devices, strict=True) if i not in seen.found):
             break
-    return seen.found
+    return seen
 
 
 LOOKS = 3  # scans of one check while the node moves under them
@@ -318,6 +402,7 @@ def stop_leftovers(
     granted: float,
     occ: Occupancy | None = None,
     keys: list[str] | None = None,
+    unreadable: str = "ignore",
 ) -> tuple[list[StopReport], Holders]:
     """Stop the trees of whoever still holds ``devices``; (reports, who still holds them).
 
@@ -335,7 +420,7 @@ def stop_leftovers(
     def scan_now() -> Holders:
         if occ is None or keys is None:
             return holders_of(cls, devices)
-        return checked_look(occ, cls, devices, keys)
+        return checked_look(occ, cls, devices, keys, unreadable).found
 
     since = procscan.ticks_at(granted) - 2  # ticks of slack for rounding
     reports: list[StopReport] = []

@@ -32,8 +32,9 @@ from hold.protocol import (
     number_field,
     text_field,
 )
-from hold_supervisor.exitcodes import TOOL
+from hold_supervisor.exitcodes import BUSY, TOOL
 from hold_supervisor.proc import scan
+from hold_supervisor.proc.cgroup import cgroup_dir, leaf_named
 from hold_supervisor.proc.identity import ProcessId, read_stat, user_name
 from hold_supervisor.proc.tree import signalable_by
 
@@ -89,6 +90,7 @@ class Ops:
             return
         sid = os.urandom(8).hex()
         s = SessionRec(sid, conn.peer.pid, conn.peer.starttime, conn.uid, user_name(conn.uid))
+        s.owner_cgroup = cgroup_dir(conn.peer.pid, self.st.cg_mount)
         self.st.sessions[sid] = s
         self.st.attached[sid] = conn
         conn.session = s
@@ -188,6 +190,18 @@ class Ops:
         req = self._request_from(conn, msg, cls)
         if req is None:
             return
+        limit = self.st.limits[1]
+        waiting = self.grants.queued_of(conn.uid)
+        if conn.uid != 0 and waiting >= limit:
+            # One user's line of requests cannot keep everyone else's waiting (issue 24).
+            refuse(
+                conn,
+                f"user {user_name(conn.uid)} has {waiting} requests waiting in line, its "
+                f"limit (limits: {{queued: {limit}}} in "
+                f"{self.st.config_path or 'the configuration'}); not queued",
+                BUSY,
+            )
+            return
         self.grants.enqueue(cls, req)
         if conn.request is req and not req.wait and req.checking is None:
             # Not grantable now, and not being checked: busy. (One being
@@ -283,7 +297,7 @@ class Ops:
         if (
             self.st.cg_mount is None
             or not os.path.realpath(leaf).startswith(self.st.cg_mount + "/")
-            or os.path.basename(leaf) != f"hold-{tree_id}"
+            or not leaf_named(os.path.basename(leaf), tree_id)
             or os.path.islink(leaf)
         ):
             return False
@@ -430,6 +444,8 @@ class Ops:
         st.set_classes(classes, keys)
         self.grants.queues = {name: self.grants.queues.get(name, []) for name in classes}
         st.grant_busy, st.records.home_tokens = cfg.busy_devices, cfg.home_tokens
+        st.unreadable = cfg.unreadable_processes
+        st.limits = (cfg.limit_connections, cfg.limit_queued)
         st.config_path, st.config_digest = cfg.path, fingerprint(cfg.path)
         st.cgroups = cfg.cgroups
         st.log.info("config_reloaded", config=cfg.path, classes=dict(st.sizes))

@@ -39,17 +39,25 @@ from hold.daemon.grants import Grants
 from hold.daemon.ledger import LeaseState
 from hold.daemon.ops import Ops
 from hold.daemon.records import Log
-from hold.daemon.sessions import Endings, recover
+from hold.daemon.sessions import LIFELINE, Endings, recover
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
 from hold.devices.classes import DeviceClass
+from hold.errors import HoldError, describe
 from hold.protocol import Ev, ProtocolError
 from hold.statedir import StateDir
+from hold_supervisor.exitcodes import TOOL, USAGE
+from hold_supervisor.proc.identity import user_name
+from hold_supervisor.safefile import UnsafePath
 from hold_supervisor.sigwake import drain
 from hold_supervisor.stack.notify import tell_systemd
 
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 NODE_EVENTS_PAUSE = 0.25  # seconds the loop looks away from the node events after a read
+
+
+class DaemonStartFailed(HoldError):
+    """The daemon could not start serving (its socket, lock or log): why, in one line."""
 
 
 class Daemon:
@@ -61,6 +69,8 @@ class Daemon:
         shared: bool = False,
         home_tokens: bool = False,
         grant_busy: str = "wait",
+        unreadable: str = "refuse",
+        limits: tuple[int, int] = (256, 256),
         idle_exit: float | None = None,
         system: bool = False,
         config_path: str | None = None,
@@ -71,6 +81,8 @@ class Daemon:
             shared=shared,
             home_tokens=home_tokens,
             grant_busy=grant_busy,
+            unreadable=unreadable,
+            limits=limits,
             idle_exit=idle_exit,
             system=system,
             config_path=config_path,
@@ -91,12 +103,19 @@ class Daemon:
         ``ready_fd`` gets one byte once the socket serves ("1"), or when another
         daemon holds the lock ("2"); nothing if this one fails.
         """
-        if not self._lock_state_dir(ready_fd):
-            return 2
         st = self.st
-        st.log = Log(st.sd.log)
-        sock = listener.listen(st.sd.socket, st.shared)
-        wake_r = self._start(sock, ready_fd)
+        try:
+            if not self._lock_state_dir(ready_fd):
+                return 2
+            st.log = Log(st.sd.log)
+            sock = listener.listen(st.sd.socket, st.shared)
+            wake_r = self._start(sock, ready_fd)
+        except OSError as e:
+            # One line in the log (our stderr) that autostart's client repeats:
+            # what failed, not a traceback ending in a repr.
+            raise DaemonStartFailed(
+                f"the ticket daemon could not start serving {st.sd.path}: {describe(e)}"
+            ) from None
         try:
             while not st.stopping:
                 self._turn(sock, wake_r)
@@ -236,10 +255,37 @@ class Daemon:
 
     def _accept(self, sock: socket.socket) -> None:
         conn = listener.accept(sock, self._want_write)
-        if conn is not None:
-            self.st.sel.register(conn.sock, selectors.EVENT_READ, ("conn", conn))
+        if conn is None:
+            return
+        st = self.st
+        have = st.conns_of.get(conn.uid, 0)
+        if conn.uid != 0 and have >= st.limits[0]:
+            # Over this user's limit: told why, and closed at once (never kept,
+            # never read): one user cannot take the daemon from the others.
+            conn.send(
+                {
+                    "ev": Ev.ERROR,
+                    "code": TOOL,
+                    "error": f"user {user_name(conn.uid)} has {have} connections open to "
+                    f"the ticket daemon, its limit (limits: {{connections: {st.limits[0]}}} "
+                    f"in {st.config_path or 'the configuration'}); close some and ask again",
+                }
+            )
+            conn.closed = True
+            conn.drop_output()
+            conn.sock.close()
+            if conn.pidfd is not None:
+                os.close(conn.pidfd)
+            st.refused[conn.uid] = st.refused.get(conn.uid, 0) + 1
+            if st.log is not None and st.refused[conn.uid] in (1, 10, 100, 1000, 10000):
+                st.log.error("connections_over_limit", uid=conn.uid, refused=st.refused[conn.uid])
+            return
+        st.conns_of[conn.uid] = have + 1
+        st.sel.register(conn.sock, selectors.EVENT_READ, ("conn", conn))
 
     def _want_write(self, conn: Conn, want: bool) -> None:
+        if conn.overflow:
+            self.st.overflowed.add(conn)
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
         try:
             self.st.sel.modify(conn.sock, events, ("conn", conn))
@@ -247,9 +293,11 @@ class Daemon:
             pass  # closed meanwhile
 
     def _close_overflowed(self) -> None:
-        for key in list(self.st.sel.get_map().values()):
-            kind, conn = key.data
-            if kind == "conn" and conn.overflow:
+        # Only those flagged (Conn.send): a look at every connection each turn
+        # was most of the daemon's CPU with thousands open.
+        while self.st.overflowed:
+            conn = self.st.overflowed.pop()
+            if not conn.closed:
                 assert self.st.log is not None
                 self.st.log.error(
                     "client_not_reading",
@@ -286,10 +334,26 @@ class Daemon:
 
     def _on_bad_request(self, conn: Conn, e: Exception) -> None:
         conn.close_fds()
-        what = str(e) if isinstance(e, ProtocolError) else f"bad request: {e!r}"[:300]
-        if self.st.log is not None and not isinstance(
+        # The client's fault (a malformed message or field) or ours (a file of
+        # the state directory, the lock directory, a bug): said as such, never
+        # as the exception's repr (issue 24).
+        ours = isinstance(e, (OSError, UnsafePath)) or not isinstance(
             e, (ProtocolError, KeyError, TypeError, ValueError)
-        ):
+        )
+        code = TOOL if ours else USAGE
+        if ours:
+            what = (
+                f"the ticket daemon failed on this request: {describe(e)} "
+                f"(pid {os.getpid()}; its log {self.st.sd.log} has the details)"
+            )
+        elif isinstance(e, ProtocolError):
+            what = str(e)
+        elif isinstance(e, KeyError):
+            what = f"bad request: no field {e.args[0] if e.args else '?'}"
+        else:
+            what = f"bad request: {e}"
+        what = what[:600]
+        if self.st.log is not None and ours:
             import traceback
 
             self.st.log.error(
@@ -298,7 +362,7 @@ class Daemon:
                 uid=conn.uid,
                 error=traceback.format_exc(limit=8)[-2000:],
             )
-        refuse(conn, what)
+        refuse(conn, what, code)
         self._on_close(conn)
 
     def _on_close(self, conn: Conn) -> None:
@@ -307,6 +371,11 @@ class Daemon:
         except (KeyError, ValueError):
             return  # already closed (a bad message ends its connection once)
         conn.closed = True
+        left = self.st.conns_of.get(conn.uid, 0) - 1
+        if left > 0:
+            self.st.conns_of[conn.uid] = left
+        else:
+            self.st.conns_of.pop(conn.uid, None)
         conn.flush()  # a last answer (an error) goes out if the socket takes it
         conn.drop_output()
         conn.sock.close()
@@ -318,9 +387,10 @@ class Daemon:
         if s is not None and self.st.attached.get(s.session_id) is conn:
             del self.st.attached[s.session_id]
             if s.persistent:
-                self.endings.end(s, "lifeline")
+                self.endings.end(s, LIFELINE)
             else:
                 self.st.sessions.pop(s.session_id, None)
+                self.endings.sweep_leaves(s)  # a leaf made, its tree not yet registered
 
     # ----------------------------------------------------------------- timers
 

@@ -22,7 +22,7 @@ from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec, TreeRec
 from hold.daemon.listener import pidfd_exited
 from hold.daemon.state import DaemonState
 from hold.protocol import Ev
-from hold_supervisor.proc.cgroup import Leaf
+from hold_supervisor.proc.cgroup import Leaf, leaves_made_by, sweep_made_by
 from hold_supervisor.proc.identity import ProcessId
 from hold_supervisor.proc.stop import StopReport, stop_tree
 from hold_supervisor.proc.tree import Tree
@@ -30,6 +30,11 @@ from hold_supervisor.proc.tree import Tree
 # What a stop worker reports: the session, its stops, the devices still held
 # (by whom), and those its scan found empty (see hold.daemon.occupancy).
 Stopped = tuple[str, list[StopReport], dict[int, Any], frozenset[int]]
+
+
+LIFELINE = "lifeline"  # a session's end: its owner's connection ended
+OWNER_DIED = "owner died while the daemon was down"
+OWNER_EXIT_WAIT = 5.0  # seconds a session's end waits for its owner's exit, to sweep its leaves
 
 
 class Endings:
@@ -55,6 +60,8 @@ class Endings:
             s.lease.state = LeaseState.ENDING
         self.st.save()
         self.st.log_for("session_ending", s, reason=reason)
+        if reason in (LIFELINE, OWNER_DIED):
+            self.sweep_leaves(s)
         # A lease's grace, else the longest its trees asked for (hold run).
         # Each tree with its own grace (a stack's units each asked for theirs);
         # the lease's for whoever is left on its devices.
@@ -86,6 +93,28 @@ class Endings:
             return
         sid = s.session_id
         self.st.workers.submit(lambda: self._stop_worker(sid, trees, grace, devices, uid))
+
+    def sweep_leaves(self, s: SessionRec) -> None:
+        """Empty cgroup leaves a dead owner made and never gave to anyone (killed
+        between the ``mkdir`` and the tree's registration): nobody else knows them."""
+        cgroup, mount = s.owner_cgroup, self.st.cg_mount
+        if cgroup is None or mount is None:
+            return
+        owner = (s.owner_pid, s.owner_start)
+        if not leaves_made_by(cgroup, mount, owner):
+            return  # the usual end: it left none (a few directory reads, no worker)
+        log = self.st.log
+
+        def work() -> None:
+            # Its connection ends while it exits (the files close first): wait
+            # for the exit itself, briefly; an owner alive after that keeps its leaves.
+            if not ProcessId(*owner).wait_gone(OWNER_EXIT_WAIT):
+                return
+            removed = sweep_made_by(cgroup, mount, owner, s.uid)
+            if removed and log is not None:
+                log.info("stale_leaves_removed", session=s.session_id, leaves=removed)
+
+        self.st.workers.submit(work)
 
     def _stop_worker(
         self,
@@ -128,11 +157,15 @@ class Endings:
                         granted=granted,
                         occ=self.st.occupancy,
                         keys=keys,
+                        unreadable=self.st.unreadable,
                     )
                 reports += more
                 # Scanned after every tree of the lease was stopped: the
-                # next grant of these devices needs no scan of its own.
-                empty = frozenset(devices[1]) - set(left)
+                # next grant of these devices needs no scan of its own --
+                # unless this daemon cannot prove a device empty (it may not
+                # read every process): then the next grant's scan decides.
+                if self.st.unreadable == "ignore" or os.geteuid() == 0:
+                    empty = frozenset(devices[1]) - set(left)
             except Exception as e:
                 assert self.st.log is not None
                 self.st.log.error("leftover_scan_failed", session=sid, error=repr(e))
@@ -276,7 +309,7 @@ def recover(st: DaemonState, grants: Grants, endings: Endings) -> None:
         fd = _live_owner(s)
         if fd is None:
             st.log_for("recovered_dead_owner", s)
-            endings.end(s, "owner died while the daemon was down")
+            endings.end(s, OWNER_DIED)
             continue
         endings.watch_owner(fd, s)
         st.log_for("recovered_live_owner", s)

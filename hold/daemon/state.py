@@ -23,11 +23,13 @@ from hold.daemon.usage import Usage
 from hold.daemon.workers import Workers
 from hold.devices.classes import DeviceClass
 from hold.devices.scancache import ScanCache
+from hold.errors import describe
 from hold.protocol import Ev
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import USAGE
 from hold_supervisor.proc.cgroup import v2_mount
 from hold_supervisor.proc.identity import user_name
+from hold_supervisor.safefile import UnsafePath
 
 
 class DaemonState:
@@ -39,6 +41,8 @@ class DaemonState:
         shared: bool,
         home_tokens: bool,
         grant_busy: str,
+        unreadable: str = "refuse",
+        limits: tuple[int, int] = (256, 256),
         idle_exit: float | None,
         system: bool,
         config_path: str | None,
@@ -66,6 +70,16 @@ class DaemonState:
         self.scan_cache = ScanCache()  # what the holder scans read a moment ago
         self.workers = Workers()  # scans before grants, stops at ends
         self.grant_busy = grant_busy  # "wait" (the default) or "warn": see hold.daemon.occupancy
+        # "refuse" (the default) or "ignore": a device this daemon cannot prove
+        # empty, for processes it may not read (see hold.daemon.occupancy.look)
+        self.unreadable = unreadable
+        # Per user, root excepted: (open connections, requests waiting in line)
+        # at most; and each user's open connections now (issue 24: one user's
+        # 11,000 idle connections took the daemon from everyone).
+        self.limits = limits
+        self.conns_of: dict[int, int] = {}
+        self.overflowed: set[Conn] = set()  # connections to close: their client stopped reading
+        self.refused: dict[int, int] = {}  # uid -> connections refused over its limit
         self.locks = devlock.Locks(devlock.lock_dir(), self.wake)
         self.records = Records(sd, home_tokens, self.log_for)
         # What hold report and hold metrics read: counters, held time, the history.
@@ -93,9 +107,28 @@ class DaemonState:
         """(Any thread) make the loop look at what a worker left for it."""
         os.write(self.wake_w, why)
 
-    def save(self) -> None:
-        ledger.save(self.sd.state, list(self.sessions.values()))
+    def save(self, *, must: bool = False) -> None:
+        """The ledger to disk. A failure (the file replaced, the disk full) is logged
+        and the daemon goes on serving; ``must`` (a grant: on disk before anyone is
+        told) raises it instead, for that one request to be refused."""
+        try:
+            ledger.save(self.sd.state, list(self.sessions.values()))
+        except (UnsafePath, OSError) as e:
+            if must:
+                raise
+            if self.log is not None:
+                self.log.error("ledger_unwritable", path=self.sd.state, error=describe(e))
+            return
         self.saves += 1
+
+    def limits_for(self, uid: int, queued: int) -> dict[str, Any]:
+        """The limits, and ``uid``'s use of them (``queued``: its requests in line)."""
+        return {
+            "connections": self.limits[0],
+            "queued": self.limits[1],
+            "exempt": ["root"],
+            "yours": {"connections": self.conns_of.get(uid, 0), "queued": queued},
+        }
 
     def log_for(self, event: str, s: SessionRec, **kw: Any) -> None:
         if self.log is not None:

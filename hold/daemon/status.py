@@ -51,6 +51,7 @@ def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
         "arbiter": st.arbiter(),
         "counters": counters,
         "started": st.usage.started,
+        "limits": st.limits_for(viewer, grants.queued_of(viewer)),
     }
 
 

@@ -297,3 +297,30 @@ class Prefetch:
     def result(self) -> dict[tuple[int, int], int] | None:
         self._thread.join()
         return self._mem
+
+
+def pids_by_minor() -> dict[int, set[int]] | None:
+    """Every process NVML lists with a context on each GPU (by its minor), whoever
+    runs it; None without NVML. A GPU NVML could not be asked about is missing."""
+    s = open_session()
+    if s is None:
+        return None
+    out: dict[int, set[int]] = {}
+    try:
+        for i, h in enumerate(s.handles()):
+            try:
+                minor = s.minor(h)
+            except NvmlError:
+                minor = i
+            pids: set[int] = set()
+            try:
+                for name in PROCESS_CALLS:
+                    pids |= {pid for pid, _ in s.processes(h, name)}
+            except NvmlError:
+                continue  # not asked: no answer for this GPU
+            out[minor] = pids
+    except NvmlError:
+        pass
+    finally:
+        s.close()
+    return out

@@ -30,6 +30,8 @@ def main_status(ans: dict[str, Any], as_json: bool) -> None:
         return
     width = columns(sys.stdout)
     lines = [fit(arbiter_line(ans), width)]
+    if ans.get("limits"):
+        lines.append(fit(limits_line(ans["limits"]), width))
     lines += (
         [fit(ln, None) for ln in status_lines(ans)] if width is None else status_table(ans, width)
     )
@@ -73,7 +75,20 @@ def with_gpu(ans: dict[str, Any]) -> dict[str, Any]:
 
 def status_document(ans: dict[str, Any]) -> dict[str, Any]:
     """``hold status --json`` (version 1); ``hold web``'s ``/status.json`` is the same."""
-    return {"version": 1, "arbiter": ans.get("arbiter"), "classes": ans["classes"]}
+    doc = {"version": 1, "arbiter": ans.get("arbiter"), "classes": ans["classes"]}
+    if ans.get("limits"):  # a daemon from before the limits has none
+        doc["limits"] = ans["limits"]
+    return doc
+
+
+def limits_line(lim: dict[str, Any]) -> str:
+    """Each user's limits at the daemon, and this user's use of them."""
+    yours = lim.get("yours") or {}
+    return (
+        f"limits per user (not root): {lim.get('connections')} connections, "
+        f"{lim.get('queued')} requests waiting; yours: {yours.get('connections')} open, "
+        f"{yours.get('queued')} waiting"
+    )
 
 
 def arbiter_line(ans: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import select
 import time
 
@@ -281,9 +282,17 @@ class Hierarchy:
         return cls(where)
 
     def create(self, name: str) -> Leaf:
+        """A fresh leaf ``NAME.PID.START`` (its creator, this process, in its name).
+
+        The creator's identity is the name so that it holds from the ``mkdir``
+        on: a creator killed before it gave the leaf to anyone who would remove
+        it (its registration with a daemon, its tree's stop) leaves an empty
+        leaf nobody knew of; the next leaf made here removes it
+        (:func:`sweep_stale`)."""
         if "/" in name or name in ("", ".", ".."):
             raise ValueError(f"bad cgroup leaf name {name!r}")
-        path = f"{self.base}/{name}"
+        sweep_stale(self.base)
+        path = f"{self.base}/{name}.{creator_suffix()}"
         try:
             os.mkdir(path)
         except OSError as e:
@@ -293,3 +302,112 @@ class Hierarchy:
             os.rmdir(path)
             raise CgroupUnavailable(f"{path}: no cgroup.kill (needs Linux 5.14 or newer)")
         return Leaf(path)
+
+
+# A leaf's name: what its maker asked for, then the maker's pid and start time.
+_MADE_BY = re.compile(r"hold-[0-9a-z]+\.([0-9]+)\.([0-9]+)")
+_own_suffix: str | None = None
+
+
+def creator_suffix() -> str:
+    """``PID.START`` of this process, for the names of the leaves it makes."""
+    global _own_suffix
+    pid = os.getpid()
+    if _own_suffix is None or not _own_suffix.startswith(f"{pid}."):  # a fork makes its own
+        st = scan.stat_of(pid)
+        _own_suffix = f"{pid}.{st.starttime if st is not None else 0}"
+    return _own_suffix
+
+
+def made_by(name: str) -> tuple[int, int] | None:
+    """The ``(pid, start time)`` of the process that made the leaf ``name``; None for a
+    name not of :meth:`Hierarchy.create`'s pattern (not ours: never touched)."""
+    m = _MADE_BY.fullmatch(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def leaf_named(name: str, tree_id: str) -> bool:
+    """Is ``name`` the leaf :meth:`Hierarchy.create` made for ``hold-TREE_ID``?"""
+    return made_by(name) is not None and name.split(".", 1)[0] == f"hold-{tree_id}"
+
+
+def leaf_in(path: str, tree_id: str) -> str | None:
+    """The leaf of the tree ``tree_id`` that the cgroup directory ``path`` is in or below."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if leaf_named(part, tree_id):
+            return "/".join(parts[: i + 1])
+    return None
+
+
+def sweep_made_by(cgroup: str, mount: str, creator: tuple[int, int], uid: int) -> list[str]:
+    """(A guardian: the ticket daemon, of a client that died.) The empty leaves that
+    ``creator`` made in ``cgroup`` or a cgroup above it (where :meth:`Hierarchy.find`
+    makes them), owned by ``uid``; the paths removed. Only once ``creator`` is gone."""
+    removed: list[str] = []
+    for here in {os.path.dirname(p) for p in leaves_made_by(cgroup, mount, creator)}:
+        removed += sweep_stale(here, creator=creator, uid=uid)
+    return removed
+
+
+def leaves_made_by(cgroup: str, mount: str, creator: tuple[int, int]) -> list[str]:
+    """The leaves named as made by ``creator`` in ``cgroup`` or a cgroup above it."""
+    found: list[str] = []
+    here = os.path.normpath(cgroup)
+    mount = os.path.normpath(mount)
+    while within(here, mount):
+        try:
+            names = os.listdir(here)
+        except OSError:
+            names = []
+        found += [os.path.join(here, n) for n in names if made_by(n) == creator]
+        if here == mount:
+            break
+        here = os.path.dirname(here)
+    return found
+
+
+def sweep_stale(
+    base: str, *, creator: tuple[int, int] | None = None, uid: int | None = None
+) -> list[str]:
+    """Remove the leaves directly under ``base`` that a dead creator left empty; the
+    paths removed.
+
+    Only leaves of :meth:`Hierarchy.create`'s name pattern, owned by this user
+    (made by a process of ours), whose creator (by pid *and* start time) is
+    gone, and in which no process is left: a leaf with a process is a tree's,
+    stopped by whoever guards it (a daemon it was registered with, a stop in
+    progress). The cost is this directory's entries, never the machine's
+    processes: it runs per leaf made. ``creator``: only that process's leaves;
+    ``uid``: leaves owned by that user (else this process's).
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    me = os.geteuid() if uid is None else uid
+    for e in entries:
+        who = made_by(e.name)
+        if who is None or not e.is_dir(follow_symlinks=False):
+            continue
+        if creator is not None and who != creator:
+            continue
+        st = scan.stat_of(who[0])
+        if st is not None and st.starttime == who[1] and not st.is_dead:
+            continue  # its creator lives: its leaf
+        try:
+            if e.stat(follow_symlinks=False).st_uid != me:
+                continue
+        except OSError:
+            continue
+        leaf = Leaf(e.path)
+        if leaf.populated() or leaf.pids():
+            continue
+        try:
+            leaf.remove(base)
+        except (OSError, ValueError):
+            continue  # a process came in meanwhile (EBUSY is quiet), or it is odd
+        if not os.path.exists(e.path):
+            removed.append(e.path)
+    return removed

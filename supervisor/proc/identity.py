@@ -48,11 +48,17 @@ class Stat(NamedTuple):
     pgrp: int
     session: int
     starttime: int
+    flags: int = 0  # the kernel's PF_* flags of the task
 
     @property
     def is_dead(self) -> bool:
         """Zombie or dead: holds nothing and runs nothing, only waits to be reaped."""
         return self.state in ("Z", "X", "x")
+
+    @property
+    def is_exiting(self) -> bool:
+        """In its exit (``PF_EXITING``): already out of its cgroup, not yet a zombie."""
+        return bool(self.flags & 0x4)
 
 
 def parse_stat(pid: int, data: bytes) -> Stat:
@@ -70,6 +76,7 @@ def parse_stat(pid: int, data: bytes) -> Stat:
         pgrp=int(f[2]),
         session=int(f[3]),
         starttime=int(f[19]),
+        flags=int(f[6]),
     )
 
 
@@ -148,6 +155,20 @@ class ProcessId(NamedTuple):
         except (NoSuchProcess, AccessDenied):
             return False
         return st.starttime == self.starttime and not st.is_dead
+
+    def wait_gone(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until this process has exited; True once it has
+        (a zombie has), False if it still runs or may not be looked at."""
+        import select
+
+        try:
+            h = self.open()
+        except NoSuchProcess:
+            return True
+        except AccessDenied:
+            return False
+        with h:
+            return bool(select.select([h.fd], [], [], timeout)[0])
 
     def open(self) -> Handle:
         """Pin this process with a pidfd; raises :class:`NoSuchProcess` if it is gone."""

@@ -234,6 +234,27 @@ def flocked_files() -> set[tuple[int, int, int]]:
     return set(flock_holders())
 
 
+def children_of(pid: int) -> list[int] | None:
+    """``pid``'s children, from ``/proc/PID/task/*/children`` (no scan of every
+    process); [] once it is gone, None where the kernel lacks that file."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            if tid == str(pid) and os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                return None  # CONFIG_PROC_CHILDREN off
+            continue  # a thread that ended while we looked
+        except OSError:
+            continue
+    return out
+
+
 def children_of_self() -> list[int]:
     """This process's children, from ``/proc/self/task/*/children`` (no scan of
     every process); falls back to a scan where the kernel lacks that file."""

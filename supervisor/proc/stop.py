@@ -274,6 +274,7 @@ def stop_tree(
     _check(tree, nodes, ports, settled, report, check)
     if tree.adopts_orphans:
         reap_adopted(tree.owned)
+    report.escaped = [Survivor(m.pid, m.comm, "+".join(m.found_by)) for m in tree.escaped.values()]
     report.duration = time.monotonic() - t0
     return report
 

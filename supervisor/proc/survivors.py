@@ -78,6 +78,7 @@ class StopReport:
     __slots__ = (
         "duration",
         "escalated",
+        "escaped",
         "grace_used",
         "held",
         "holders_after",
@@ -99,6 +100,9 @@ class StopReport:
         self.killed: list[Member] = []
         self.survivors: list[Survivor] = []
         self.escalated: list[Survivor] = []  # killed by the survivor check's second round
+        # Members found outside the cgroup leaf they had been in: what they
+        # started out there, once no longer their descendant, no look can find.
+        self.escaped: list[Survivor] = []
         self.grace_used = 0.0
         self.duration = 0.0
         self.held: list[str] = []  # nodes and ports checked afterwards
@@ -107,6 +111,11 @@ class StopReport:
     @property
     def ok(self) -> bool:
         return not self.survivors
+
+    @property
+    def proven(self) -> bool:
+        """Whether the survivor check's "nobody" is proof: no member had left the leaf."""
+        return not self.escaped
 
     def summary(self) -> str:
         head = (
@@ -118,7 +127,15 @@ class StopReport:
             head += f"; {len(self.escalated)} more killed by the survivor check: " + ", ".join(
                 f"{s.pid} ({s.found_by})" for s in self.escalated
             )
-        if not self.survivors:
+        if not self.survivors and self.escaped:
+            # Not "empty": nothing proves it (issue 24).
+            lines = [
+                head
+                + f"; survivor check unknown: {len(self.escaped)} left the cgroup leaf ("
+                + ", ".join(f"{s.pid} {s.command[:40]}" for s in self.escaped)
+                + "), found and stopped; what they started outside it cannot be proven gone"
+            ]
+        elif not self.survivors:
             lines = [head + "; survivor check empty"]
         else:
             lines = [head + f"; {len(self.survivors)} SURVIVED:"]

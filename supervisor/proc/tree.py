@@ -44,7 +44,13 @@ from hold_supervisor.environ import MARKER
 from hold_supervisor.proc import scan
 from hold_supervisor.proc.cache import ProcCache, listing
 from hold_supervisor.proc.cgroup import Leaf
-from hold_supervisor.proc.identity import ProcessId, Stat
+from hold_supervisor.proc.identity import (
+    AccessDenied,
+    NoSuchProcess,
+    ProcessId,
+    Stat,
+    read_cmdline,
+)
 
 # One look: the processes read, and the members among them.
 Look = tuple[dict[int, Stat], dict[int, "Member"]]
@@ -87,9 +93,11 @@ class Tree:
 
     __slots__ = (
         "_inos",
+        "_inside",
         "adopts_orphans",
         "born_in_leaf",
         "cache",
+        "escaped",
         "leaf",
         "owned",
         "pgid",
@@ -134,6 +142,10 @@ class Tree:
         self.seen: set[ProcessId] = set()
         self.cache = cache
         self.born_in_leaf = born_in_leaf
+        # Members found outside the leaf that had been in it (how found): the
+        # leaf is no longer the whole tree, and "nobody" is no longer provable.
+        self.escaped: dict[ProcessId, Member] = {}
+        self._inside: set[ProcessId] = set()  # members seen in the leaf
         # /proc as the last walk listed it (inode numbers by name): a
         # confirming look reads only what is new since, or a reused pid.
         self._inos: dict[str, int] = {}
@@ -151,7 +163,7 @@ class Tree:
     def leaf_only(self) -> bool:
         """True when every look reads the leaf and the root alone (no walk of /proc):
         a contained tree born in its leaf."""
-        return self.born_in_leaf and self.contained
+        return self.born_in_leaf and self.contained and not self.escaped
 
     def members(self, procs: dict[int, Stat] | None = None) -> dict[int, Member]:
         """Live (non-zombie) members now, each with how it was found.
@@ -311,6 +323,10 @@ class Tree:
         if self.root is not None and self.root.matches():
             known.add(self.root.pid)
             add(self.root.pid, "root")
+        for pid in known:
+            # Once a member, a member while it lives: one that left the leaf,
+            # its session and its marker, whose parent then died, is found here.
+            add(pid, "seen")
         for st in procs.values():
             if self.pgid is not None and st.pgrp == self.pgid and self._plausible(st):
                 add(st.pid, "group")
@@ -336,7 +352,53 @@ class Tree:
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)
             out[pid] = Member(ident, st.comm, tuple(dict.fromkeys(why)))
+        self._note_escapes(out, in_leaf, procs)
         return out
+
+    def _note_escapes(
+        self, members: dict[int, Member], in_leaf: set[int], procs: dict[int, Stat]
+    ) -> None:
+        """Members outside the leaf that had been in it (see :attr:`escaped`).
+
+        Had been: seen in it by an earlier look; or born in it -- a child of a
+        member seen in it (a child starts in its parent's cgroup), anyone of a
+        tree born in its leaf, the root of ours in a cgroup that is neither the
+        leaf nor ours (ours is where a root not yet in its leaf is). Not a
+        process that was never in it: an adopted job's, before it was moved in.
+        """
+        if self.leaf is None:
+            return
+        me = os.getpid()
+        for pid, m in members.items():
+            if pid in in_leaf:
+                self._inside.add(m.ident)
+        for pid, m in members.items():
+            if pid in in_leaf or m.ident in self.escaped:
+                continue
+            st = procs.get(pid)
+            if st is not None and st.is_exiting:
+                continue  # out of the leaf by its exit, not by a move
+            parent = procs.get(st.ppid) if st is not None else None
+            if not (
+                m.ident in self._inside
+                or self.born_in_leaf
+                or (parent is not None and ProcessId(parent.pid, parent.starttime) in self._inside)
+                or (
+                    self.root is not None
+                    and m.ident == self.root
+                    and st is not None
+                    and st.ppid == me
+                    and self._root_elsewhere()
+                )
+            ):
+                continue
+            if not self._outside_now(m.ident):
+                continue  # the look's reads were not atomic: gone, exiting, or in the leaf
+            try:  # its command line now: it is killed before the report is written
+                what = read_cmdline(pid)
+            except (NoSuchProcess, AccessDenied):
+                what = m.comm
+            self.escaped[m.ident] = m._replace(comm=what)
 
     def _leaf_look(self) -> Look:
         """The leaf's live processes (below it too) and the root, until its stub
@@ -353,10 +415,24 @@ class Tree:
 
     def _leaf_members(self) -> Look:
         assert self.leaf is not None
-        found = {pid: ["cgroup"] for pid in self.leaf.pids()}
+        in_leaf = set(self.leaf.pids())
+        found = {pid: ["cgroup"] for pid in in_leaf}
         if self.root is not None:
             # Until its stub has written it into the leaf, the root is outside.
             found.setdefault(self.root.pid, []).append("root")
+        if self.adopts_orphans:
+            # Orphans come to us (a subreaper) whatever cgroup they moved to.
+            for pid in scan.children_of_self():
+                if pid not in self.owned:
+                    found.setdefault(pid, []).append("adopted")
+        # A member's children outside the leaf left it (a child is born in its
+        # parent's cgroup): one read per member, never every process.
+        todo = list(found)
+        while todo:
+            for child in scan.children_of(todo.pop()) or ():
+                if child not in found:
+                    found[child] = ["descendant"]
+                    todo.append(child)
         me = os.getpid()
         protected = {me} | {st.pid for st in scan.ancestors(me)}
         procs: dict[int, Stat] = {}
@@ -367,11 +443,39 @@ class Tree:
                 continue
             if why == ["root"] and self.root is not None and st.starttime != self.root.starttime:
                 continue  # the root is gone and its pid reused
+            if st.starttime < self.since and "cgroup" not in why and "root" not in why:
+                continue  # older than the tree: an adopted child of ours from before
             ident = ProcessId(pid, st.starttime)
             self.seen.add(ident)
             procs[pid] = st
             out[pid] = Member(ident, st.comm, tuple(why))
+        self._note_escapes(out, in_leaf, procs)
         return procs, out
+
+    def _outside_now(self, ident: ProcessId) -> bool:
+        """Is ``ident`` alive, not in its exit, and in a cgroup outside the leaf, by its
+        own ``/proc/PID/cgroup`` read now (a look's stat and the leaf's list are
+        read at different moments: a member killed between them seemed outside)?"""
+        from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount, within
+
+        assert self.leaf is not None
+        st = scan.stat_of(ident.pid)
+        if st is None or st.starttime != ident.starttime or st.is_dead or st.is_exiting:
+            return False
+        where = cgroup_dir(ident.pid, v2_mount())
+        return where is not None and not within(where, os.path.normpath(self.leaf.path))
+
+    def _root_elsewhere(self) -> bool:
+        """Is the root in a cgroup that is neither its leaf nor ours?"""
+        assert self.root is not None and self.leaf is not None
+        from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount
+
+        mount = v2_mount()
+        where = cgroup_dir(self.root.pid, mount)
+        return where is not None and where not in (
+            os.path.normpath(self.leaf.path),
+            cgroup_dir("self", mount),
+        )
 
     def protected(self, procs: dict[int, Stat]) -> set[int]:
         """Pids never to count as members: this process, its ancestors, and what is spared."""

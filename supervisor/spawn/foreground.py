@@ -167,7 +167,7 @@ class Foreground:
                 pgid=child.pid,
                 sid=child.pid if not self.interactive else None,
                 leaf=self.leaf,
-                adopts_orphans=self.leaf is None,
+                adopts_orphans=True,  # the only tree of this subreaper (Containment.home)
                 owned=owned_pids(),
                 # Spawned into it: its looks read the leaf, not every process.
                 born_in_leaf=self.leaf is not None,

@@ -19,6 +19,7 @@ import time
 
 from hold_supervisor.cause import Cause
 from hold_supervisor.exitcodes import SURVIVORS, TOOL
+from hold_supervisor.proc import scan
 from hold_supervisor.proc.stop import StopReport, Survivor, stop_tree
 from hold_supervisor.proc.tree import Tree
 from hold_supervisor.safefile import UnsafePath
@@ -163,8 +164,8 @@ def _stop_unit(st: StackState, u: Unit, reports: Reports) -> None:
 
 def _check_survivors(st: StackState, started: list[Unit], reports: Reports) -> None:
     """The survivor check over all: every unit's tree again (an escapee of one may
-    have appeared in another's after it was stopped) and, when walking /proc,
-    orphans adopted by this process that no tree claimed."""
+    have appeared in another's after it was stopped) and the orphans adopted by
+    this process that no tree claimed."""
     for u in started:
         assert u.tree is not None
         u.tree.forget_dead()
@@ -177,7 +178,10 @@ def _check_survivors(st: StackState, started: list[Unit], reports: Reports) -> N
         tt = Tree(task.tree_id, None, None, None, leaf=task.leaf, since=st.since_ticks)
         if tt.members():
             reports.append((task.name, stop_tree(tt, sig=signal.SIGKILL, grace=0)))
-    if not st.containment.contained:
+    # This process is a subreaper with leaves too (Containment.home): a unit's
+    # process that left its leaf, its session and its marker comes here once its
+    # parent dies, and no unit's tree names it any more.
+    if set(scan.children_of_self()) - owned_pids():
         sweep = Tree(
             f"{os.getpid():x}sweep",
             None,
@@ -204,9 +208,17 @@ def _say_stopped(
     else:
         n = sum(len(r.stopped) for _, r in reports)
         took = max((r.duration for _, r in reports), default=0.0)
+        escaped = [f"{s.pid} ({name})" for name, r in reports for s in r.escaped]
+        verdict = (
+            f"survivor check unknown: {len(escaped)} process(es) left their unit's cgroup "
+            f"leaf ({', '.join(escaped)}), found and stopped; what they started outside it "
+            "cannot be proven gone"
+            if escaped
+            else "survivor check empty"
+        )
         st.say(
             f"stack {st.name} stopped{why}: {n} process(es) in {len(started)} unit(s), "
-            f"{took * 1000:.0f} ms for the slowest; survivor check empty"
+            f"{took * 1000:.0f} ms for the slowest; {verdict}"
         )
 
 
