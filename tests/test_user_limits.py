@@ -161,8 +161,28 @@ def test_one_users_connections_stop_at_its_limit_and_another_user_is_served(
 def test_one_users_queue_stops_at_its_limit_and_another_user_is_granted(
     shared: Shared, unpriv_user: str, other_user: str
 ) -> None:
-    # Each of A's requests waits in line for npu:0 (the first while its scan
-    # runs, then granted): past the limit, refused.
+    # B holds npu:0 first, so each of A's requests waits in line (none is
+    # granted meanwhile, whatever the timing): past the limit, refused.
+    hold_b = subprocess.Popen(
+        as_user(
+            other_user,
+            [shared.py, "-m", "hold", "run", "-d", "npu:0", "--", "sleep", "600"],
+            shared.runtime,
+            shared.env,
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    shared.procs.append(hold_b)
+
+    def b_holds() -> bool:
+        st = shared.hold(other_user, "status", "--json")
+        h = json.loads(st.stdout)["classes"]["npu"]["devices"][0]["holder"] if st.stdout else None
+        return bool(h) and h["user"] == other_user
+
+    wait_for(b_holds, 30, 0.1, "B's lease of npu:0")
     _, heard = shared.flood(unpriv_user, QUEUED + 3, "acquire")
     waiting = [h for h in heard if h.get("ev") == "queued"]
     refused = [h for h in heard if h.get("ev") == "error"]
@@ -178,7 +198,9 @@ def test_one_users_queue_stops_at_its_limit_and_another_user_is_granted(
     assert b.returncode == 75 and "requests waiting in line" not in b.stderr, b.stderr
     st = shared.hold(unpriv_user, "status", "--json")
     assert st.returncode == 0, st.stderr
-    assert 0 < json.loads(st.stdout)["limits"]["yours"]["queued"] <= QUEUED
+    assert json.loads(st.stdout)["limits"]["yours"]["queued"] == QUEUED
+    hold_b.terminate()  # hold run stops its command on SIGTERM, then ends the lease
+    assert hold_b.wait(30) == 128 + 15
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ class SessionRec:
         return self.lease is not None or bool(self.trees)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "session_id": self.session_id,
             "owner_pid": self.owner_pid,
             "owner_start": self.owner_start,
@@ -149,8 +149,12 @@ class SessionRec:
             "user": self.user,
             "lease": self.lease.to_json() if self.lease else None,
             "trees": [t.to_json() for t in self.trees.values()],
-            "owner_cgroup": self.owner_cgroup,
         }
+        if (
+            self.owner_cgroup is not None
+        ):  # absent as before it was known: a file read back the same
+            doc["owner_cgroup"] = self.owner_cgroup
+        return doc
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SessionRec:
