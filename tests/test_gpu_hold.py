@@ -192,3 +192,77 @@ def test_no_wait_on_a_free_gpu_is_granted(
         )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"gpu:{free[0]} GPU-")
+
+
+@pytest.mark.timeout(300)
+def test_a_users_own_daemon_takes_nvml_as_its_witness(
+    gpu_class: list[str], unpriv_user: str, unpriv_runtime: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own daemon cannot read root's processes, so its scan proves no
+    GPU free; NVML's list of the processes with a context on it is its witness
+    (issue 24): a free GPU is granted, one that root's CUDA process holds is not
+    (exit 75), with no ``unreadable_processes: ignore`` anywhere."""
+    import signal
+    import tempfile
+
+    from conftest import alive, as_user, unpriv_python, wait_for
+
+    from hold.daemon.occupancy import holders_of
+    from hold.devices.classes import DeviceClass
+    from hold.devices.gpuids import nvidia_minor
+
+    py = torch_python()
+    cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))
+    free = [i for i in range(len(gpu_class)) if not holders_of(cls, [i]).get(i)]
+    if not free:
+        pytest.skip("every GPU here is held by someone")
+    index = free[0]
+    base = Path(tempfile.mkdtemp(prefix="hold-nvml-witness-", dir="/tmp"))
+    base.chmod(0o755)
+    (base / "locks").mkdir(mode=0o1777)
+    (base / "locks").chmod(0o1777)
+    (base / "config.yaml").write_text(CONFIG)
+    (base / "config.yaml").chmod(0o644)
+    env = {
+        "HOLD_STATE_DIR": str(base / "state"),
+        "HOLD_CONFIG": str(base / "config.yaml"),
+        "HOLD_LOCK_DIR": str(base / "locks"),
+    }
+    user_py = unpriv_python()
+
+    def as_them(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = as_user(unpriv_user, [user_py, "-m", "hold", *args], unpriv_runtime, env)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+    (base / "state").mkdir()
+    os.chown(base / "state", *_ids(unpriv_user))
+    try:
+        granted = as_them("run", "--device", f"gpu:{index}", "--no-wait", "--", "true")
+        minor = nvidia_minor(gpu_class[index])
+        assert minor is not None
+        hog, pid = start_hog(py, uuid_by_minor()[minor])
+        try:
+            refused = as_them("run", "--device", f"gpu:{index}", "--no-wait", "--", "true")
+        finally:
+            stop(hog)
+        with capsys.disabled():
+            print(
+                f"\nfree gpu:{index}, a user's daemon: exit {granted.returncode} {granted.stderr}"
+            )
+            print(f"root's CUDA pid {pid} on it: exit {refused.returncode} {refused.stderr}")
+        assert granted.returncode == 0, granted.stderr
+        assert refused.returncode == 75, refused.stderr
+    finally:
+        lock = base / "state" / "daemon.lock"
+        text = lock.read_text().strip() if lock.exists() else ""
+        if text.isdigit() and alive(int(text)):
+            os.kill(int(text), signal.SIGTERM)
+            wait_for(lambda: not alive(int(text)), 10, 0.05, "the user's daemon to leave")
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _ids(user: str) -> tuple[int, int]:
+    import pwd
+
+    pw = pwd.getpwnam(user)
+    return pw.pw_uid, pw.pw_gid
