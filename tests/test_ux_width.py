@@ -156,9 +156,10 @@ def test_status_fits_80_columns_at_a_terminal(queue: tuple[int, str]) -> None:
     assert_fits(text, 80)
     lines = text.splitlines()
     assert lines[0].startswith("arbiter: ")
+    assert lines[1].startswith("limits per user (not root): ")
     # The resource figures stay; the clock times gave way whole (hold status --json has them).
     head = ["DEVICE", "STATE", "LEASE", "USER", "PID", "CPU%", "CPU", "MEM", "PROCS", "LEFT"]
-    assert lines[1].split() == [*head, "LABEL"]
+    assert lines[2].split() == [*head, "LABEL"]
     row = next(ln for ln in lines if ln.startswith("npu:0"))
     cells = row.split()
     assert cells[:5] == ["npu:0", "active", lease, "root", str(pid)]
@@ -167,7 +168,7 @@ def test_status_fits_80_columns_at_a_terminal(queue: tuple[int, str]) -> None:
     assert "'a" in row and LABEL not in row  # the label gave way
     # Wider, every column.
     code, text = at_terminal([*HOLD, "status"], cols=160)
-    assert code == 0 and text.splitlines()[1].split() == [*head, "UNTIL", "SINCE", "LABEL"]
+    assert code == 0 and text.splitlines()[2].split() == [*head, "UNTIL", "SINCE", "LABEL"]
     assert any(ln.strip().startswith("queue 1: 'waiter'") for ln in lines), text
     assert any(ln.startswith("gpu:0") and "free" in ln for ln in lines), text
 
