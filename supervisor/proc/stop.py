@@ -74,6 +74,7 @@ from hold_supervisor.proc.tree import Look, Member, Tree
 
 _KILL_WAIT = 2.0  # seconds to wait for SIGKILLed processes to disappear
 _WALK_ROUNDS = 50  # freeze-and-walk gives up looking for new members after this
+_ADOPTED_ROUNDS = 2000  # the same for the orphans that come to us (a round: microseconds)
 
 # The default survivor check, looked up here at each stop: bench/run.py wraps
 # it under this name (as it does _wait_tree_empty) to time the phase.
@@ -176,7 +177,50 @@ def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
         for pid, m in new.items():
             _signal(m.ident, signal.SIGSTOP)
             frozen[pid] = m
+        _freeze_adopted(tree, frozen, new)
     return frozen
+
+
+def _freeze_adopted(tree: Tree, frozen: dict[int, Member], stopped: dict[int, Member]) -> None:
+    """SIGSTOP the orphans that come to us, and the children of those just
+    stopped, reading only those processes' children lists (no walk of /proc),
+    until two rounds find nobody new.
+
+    A chain whose processes each fork and exit within a millisecond outruns a
+    walk (tens of milliseconds on a busy machine): each walk finds the next
+    generation already born. But without a leaf every orphan of the tree is
+    re-parented to us (the subreaper), and a stopped process forks no more:
+    a round here takes a few hundred microseconds, so it stops each chain
+    between two of its forks. Only where this process adopts for this one
+    tree (:attr:`Tree.adopts_orphans`); never one it spawned itself, nor one
+    older than the tree.
+    """
+    if not tree.adopts_orphans:
+        return
+    watch = [m.ident.pid for m in stopped.values()]
+    quiet = 0
+    for _ in range(_ADOPTED_ROUNDS):
+        todo = [p for p in scan.children_of_self() if p not in tree.owned]
+        for pid in watch:
+            todo += scan.children_of(pid) or ()
+        found = False
+        for pid in todo:
+            if pid in frozen:
+                continue
+            st = scan.stat_of(pid)
+            if st is None or st.is_dead or st.starttime < tree.since:
+                continue
+            ident = ProcessId(pid, st.starttime)
+            if _signal(ident, signal.SIGSTOP):
+                frozen[pid] = Member(ident, st.comm, ("adopted",))
+                watch.append(pid)
+                found = True
+        if found:
+            quiet = 0
+            continue
+        quiet += 1
+        if quiet == 2:
+            return
 
 
 def _own_group(tree: Tree, procs: dict[int, Stat], members: dict[int, Member]) -> int | None:
