@@ -346,22 +346,15 @@ class Run:
                     if not self._register(session, tree):
                         return exitcodes.TOOL
                 extra = {session.fileno(): self._on_daemon} if session.guarded else None
-                result = fg.run(
-                    extra=extra,
-                    on_started=self._on_started(str(tree["tree_id"])),
-                    keep_leaf=session.holds_lease,
-                )
+                result = fg.run(extra=extra, on_started=self._on_started(str(tree["tree_id"])))
             except SpawnError as e:
                 self.say(str(e))
                 return e.exit_code
             finally:
                 # Returns once the daemon has ended the lease: the token is gone
-                # and the device grantable when we return. The emptied leaf goes
-                # after: the daemon reads the lease's CPU time and peak memory
-                # from it as the lease ends (hold report).
+                # and the device grantable when we return.
                 session.end(timeout=self.args.grace + END_MARGIN)
                 session.close()
-                fg.discard()
         return self._outcome(result)
 
     def _daemon(self) -> set[int]:

@@ -145,15 +145,10 @@ class Foreground:
         self,
         extra: Mapping[int, Extra] | None = None,
         on_started: Callable[[Tree], None] | None = None,
-        *,
-        keep_leaf: bool = False,
     ) -> RunResult:
         """Spawn, wait for the first way out, stop the tree, report.
 
-        ``keep_leaf``: the leaf, emptied, is left for the caller to :meth:`discard`
-        (``hold run`` ends its lease first, and the ticket daemon reads the tree's
-        last figures from it: its CPU time and peak memory). Raises
-        :class:`~hold_supervisor.spawn.child.SpawnError` if the command cannot
+        Raises :class:`~hold_supervisor.spawn.child.SpawnError` if the command cannot
         start (nothing is left running then).
         """
         self._ran = True
@@ -188,8 +183,7 @@ class Foreground:
             returncode = child.collect()
             if self.interactive:
                 self._give_terminal(os.getpgrp())
-            if not keep_leaf:
-                self._remove_leaf()
+            self._remove_leaf()
         return RunResult(_status(report, cause, returncode), cause, returncode, report)
 
     def _signals_taken(self) -> contextlib.AbstractContextManager[int]:
