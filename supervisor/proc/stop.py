@@ -198,17 +198,30 @@ def _freeze_adopted(tree: Tree, frozen: dict[int, Member], stopped: dict[int, Me
     if not tree.adopts_orphans:
         return
     watch = [m.ident.pid for m in stopped.values()]
+    gone: set[int] = set()
     quiet = 0
     for _ in range(_ADOPTED_ROUNDS):
         todo = [p for p in scan.children_of_self() if p not in tree.owned]
         for pid in watch:
-            todo += scan.children_of(pid) or ()
+            if pid not in gone:
+                todo += scan.children_of(pid) or ()
         found = False
         for pid in todo:
-            if pid in frozen:
+            if pid in frozen or pid in gone:
                 continue
             st = scan.stat_of(pid)
-            if st is None or st.is_dead or st.starttime < tree.since:
+            if st is None or st.is_dead:
+                # Reaped now if it is ours (an adopted zombie): a chain leaves
+                # one a millisecond, and reading them all again each round
+                # would make the rounds as slow as the walk.
+                gone.add(pid)
+                if st is not None and pid not in tree.owned:
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+                continue
+            if st.starttime < tree.since:
                 continue
             ident = ProcessId(pid, st.starttime)
             if _signal(ident, signal.SIGSTOP):
