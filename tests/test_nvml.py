@@ -194,3 +194,15 @@ def test_no_nvml(lib: FakeLib, monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(nvml, "load", no_library)
     assert nvml.gpus() is None and nvml.used_memory() is None
+
+
+def test_pids_by_minor_takes_no_unanswered_list_for_nobody(lib: FakeLib) -> None:
+    """Every listed process per GPU, its use known or not (101's is not: it is
+    no figure of used_memory, but a holder all the same); a GPU one of whose
+    lists failed is missing, never shown empty."""
+    assert nvml.pids_by_minor() == {0: {100, 101}, 3: {100, 102}}
+    assert (101, 0) not in (nvml.used_memory() or {})
+    lib.fail[("compute", 3)] = NO_PERMISSION
+    assert nvml.pids_by_minor() == {0: {100, 101}}
+    lib.init_rc = DRIVER_NOT_LOADED
+    assert nvml.pids_by_minor() is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from hold.errors import HoldError
@@ -246,6 +247,22 @@ def figures() -> dict[int, GpuFigures] | None:
     return out
 
 
+def _process_lists(s: Session) -> Iterator[tuple[int, list[tuple[int, int | None]] | None]]:
+    """Each GPU's minor with one of its process lists (compute, then graphics:
+    pid and bytes used, None where NVML does not know); the list None where
+    NVML could not give it. A GPU's minor NVML cannot read is its index."""
+    for i, h in enumerate(s.handles()):
+        try:
+            minor = s.minor(h)
+        except NvmlError:
+            minor = i
+        for name in PROCESS_CALLS:
+            try:
+                yield minor, s.processes(h, name)
+            except NvmlError:
+                yield minor, None
+
+
 def used_memory() -> dict[tuple[int, int], int] | None:
     """Bytes of device memory per (pid, GPU minor), compute and graphics summed;
     None without NVML. A process whose use NVML does not know is left out."""
@@ -254,19 +271,10 @@ def used_memory() -> dict[tuple[int, int], int] | None:
         return None
     out: dict[tuple[int, int], int] = {}
     try:
-        for i, h in enumerate(s.handles()):
-            try:
-                minor = s.minor(h)
-            except NvmlError:
-                minor = i
-            for name in PROCESS_CALLS:
-                try:
-                    procs = s.processes(h, name)
-                except NvmlError:
-                    continue
-                for pid, used in procs:
-                    if used is not None:
-                        out[(pid, minor)] = out.get((pid, minor), 0) + used
+        for minor, procs in _process_lists(s):
+            for pid, used in procs or ():
+                if used is not None:
+                    out[(pid, minor)] = out.get((pid, minor), 0) + used
     except NvmlError:
         pass  # the devices read so far stand
     finally:
@@ -301,26 +309,21 @@ class Prefetch:
 
 def pids_by_minor() -> dict[int, set[int]] | None:
     """Every process NVML lists with a context on each GPU (by its minor), whoever
-    runs it; None without NVML. A GPU NVML could not be asked about is missing."""
+    runs it; None without NVML. A GPU one of whose lists NVML could not give is
+    missing: no answer is taken for "nobody"."""
     s = open_session()
     if s is None:
         return None
     out: dict[int, set[int]] = {}
+    unanswered: set[int] = set()
     try:
-        for i, h in enumerate(s.handles()):
-            try:
-                minor = s.minor(h)
-            except NvmlError:
-                minor = i
-            pids: set[int] = set()
-            try:
-                for name in PROCESS_CALLS:
-                    pids |= {pid for pid, _ in s.processes(h, name)}
-            except NvmlError:
-                continue  # not asked: no answer for this GPU
-            out[minor] = pids
+        for minor, procs in _process_lists(s):
+            if procs is None:
+                unanswered.add(minor)
+            else:
+                out.setdefault(minor, set()).update(pid for pid, _ in procs)
     except NvmlError:
         pass
     finally:
         s.close()
-    return out
+    return {minor: pids for minor, pids in out.items() if minor not in unanswered}
