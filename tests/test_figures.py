@@ -24,9 +24,9 @@ import pytest
 from conftest import (
     HOLD,
     PROGS,
-    alive,
     as_user,
     fresh_leaf,
+    stop_daemon,
     unpriv_python,
     update_config,
     wait_for,
@@ -449,11 +449,7 @@ def test_a_user_sees_the_figures_of_their_own_lease(unpriv_user: str, unpriv_run
         except subprocess.TimeoutExpired:
             client.kill()
             client.wait()
-        lock = base / "state" / "daemon.lock"
-        text = lock.read_text().strip() if lock.exists() else ""
-        if text.isdigit() and alive(int(text)):
-            os.kill(int(text), signal.SIGTERM)
-            wait_for(lambda: not alive(int(text)), 10, 0.05, "the user's daemon to leave")
+        stop_daemon(base / "state", timeout=10)
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 

@@ -202,10 +202,9 @@ def test_a_users_own_daemon_takes_nvml_as_its_witness(
     GPU free; NVML's list of the processes with a context on it is its witness
     (issue 24): a free GPU is granted, one that root's CUDA process holds is not
     (exit 75), with no ``unreadable_processes: ignore`` anywhere."""
-    import signal
     import tempfile
 
-    from conftest import alive, as_user, unpriv_python, wait_for
+    from conftest import as_user, stop_daemon, unpriv_python
 
     from hold.daemon.occupancy import holders_of
     from hold.devices.classes import DeviceClass
@@ -253,11 +252,7 @@ def test_a_users_own_daemon_takes_nvml_as_its_witness(
         assert granted.returncode == 0, granted.stderr
         assert refused.returncode == 75, refused.stderr
     finally:
-        lock = base / "state" / "daemon.lock"
-        text = lock.read_text().strip() if lock.exists() else ""
-        if text.isdigit() and alive(int(text)):
-            os.kill(int(text), signal.SIGTERM)
-            wait_for(lambda: not alive(int(text)), 10, 0.05, "the user's daemon to leave")
+        stop_daemon(base / "state", timeout=10)
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
