@@ -659,3 +659,18 @@ class Pty:
                 chunk = chunk.replace("\r", "")
                 self.text += chunk
                 self._pending += chunk
+
+
+def holder_roles(out: Path, proc: subprocess.Popen[bytes]) -> dict[str, int]:
+    """The roles and pids ``progs/node_holder.py`` wrote to ``out`` once it holds
+    its node ("holder PID", ...); fails at once if ``proc`` ended first."""
+
+    def ready() -> dict[str, int]:
+        assert proc.poll() is None, f"{proc.args} ended with {proc.returncode}"
+        if not out.exists():
+            return {}
+        roles = dict(line.split() for line in out.read_text().splitlines())
+        return {r: int(p) for r, p in roles.items()} if "holder" in roles else {}
+
+    found: dict[str, int] = wait_for(ready, 20, 0.02, f"holder {proc.args}")
+    return found

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from conftest import HOLD, PROGS, alive, daemon_pid, update_config, wait_for
+from conftest import HOLD, PROGS, alive, daemon_pid, holder_roles, update_config, wait_for
 from test_multiuser import system, world  # noqa: F401 (fixtures: the system daemon, two users)
 
 from hold.views.topframe import HEAD, PLAIN, RED, Line, Snapshot, frame
@@ -195,18 +195,6 @@ class Scene(NamedTuple):
     stray: int  # holds npu:1 outside any lease
 
 
-def _roles(out: Path, proc: subprocess.Popen[bytes]) -> dict[str, int]:
-    def ready() -> dict[str, int]:
-        assert proc.poll() is None, f"{proc.args} ended with {proc.returncode}"
-        if not out.exists():
-            return {}
-        roles = dict(line.split() for line in out.read_text().splitlines())
-        return {r: int(p) for r, p in roles.items()} if "holder" in roles else {}
-
-    found: dict[str, int] = wait_for(ready, 20, 0.02, f"holder {proc.args}")
-    return found
-
-
 @pytest.fixture
 def scene(tmp_path: Path) -> Iterator[Scene]:
     d = tmp_path / "npunodes"
@@ -224,8 +212,8 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
         [PY, HOLDER, str(tmp_path / "stray.out"), "fd", str(nodes[1])], stdin=subprocess.DEVNULL
     )
     try:
-        _roles(tmp_path / "covered.out", client)
-        _roles(tmp_path / "stray.out", stray)
+        holder_roles(tmp_path / "covered.out", client)
+        holder_roles(tmp_path / "stray.out", stray)
         out = subprocess.run([*HOLD, "status", "--json"], capture_output=True, timeout=60).stdout
         lease = json.loads(out)["classes"]["npu"]["devices"][0]["holder"]["lease"]
         yield Scene(lease, client.pid, stray.pid)

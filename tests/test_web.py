@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from conftest import HOLD, PROGS, update_config, wait_for
+from conftest import HOLD, PROGS, holder_roles, update_config
 
 from hold.views import web
 
@@ -54,18 +54,6 @@ class Scene(NamedTuple):
     client: int  # npu-hold, the lease's holder
     covered: int  # the holder of npu:0 inside the lease
     stray: int  # the holder of npu:1, outside any lease
-
-
-def _roles(out: Path, proc: subprocess.Popen[bytes]) -> dict[str, int]:
-    def ready() -> dict[str, int]:
-        assert proc.poll() is None, f"{proc.args} ended with {proc.returncode}"
-        if not out.exists():
-            return {}
-        roles = dict(line.split() for line in out.read_text().splitlines())
-        return {r: int(p) for r, p in roles.items()} if "holder" in roles else {}
-
-    found: dict[str, int] = wait_for(ready, 20, 0.02, f"holder {proc.args}")
-    return found
 
 
 @pytest.fixture
@@ -98,8 +86,8 @@ def scene(tmp_path: Path) -> Iterator[Scene]:
         [PY, HOLDER, str(tmp_path / "stray.out"), "fd", str(nodes[1])], stdin=subprocess.DEVNULL
     )
     try:
-        covered = _roles(tmp_path / "covered.out", client)["holder"]
-        _roles(tmp_path / "stray.out", stray)
+        covered = holder_roles(tmp_path / "covered.out", client)["holder"]
+        holder_roles(tmp_path / "stray.out", stray)
         lease = json.loads(hold("status", "--json"))["classes"]["npu"]["devices"][0]["holder"]
         yield Scene(lease["lease"], client.pid, covered, stray.pid)
     finally:
