@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 from hold.daemon import listener
@@ -119,6 +120,15 @@ class Daemon:
         try:
             while not st.stopping:
                 self._turn(sock, wake_r)
+        except Exception:
+            # Outside a request (which ends only its own connection), an
+            # exception is a bug that may have left a change half done, and a
+            # loop that went on could grant a device twice. So the daemon ends:
+            # leases and trees stay on disk, the next daemon (systemd's
+            # Restart=always, or the next client's autostart) recovers them
+            # from the ledger, and their holders re-attach.
+            st.log.error("daemon_failed", error=traceback.format_exc(limit=12)[-4000:])
+            raise
         finally:
             self._shut_down(sock)
         return 0
@@ -354,8 +364,6 @@ class Daemon:
             what = f"bad request: {e}"
         what = what[:600]
         if self.st.log is not None and ours:
-            import traceback
-
             self.st.log.error(
                 "request_failed",
                 pid=conn.peer.pid,
