@@ -53,12 +53,15 @@ def read_value(shape: Any, value: Any, loc: Path, problems: Problems) -> Any:
         return INVALID
 
 
-@dataclasses.dataclass(frozen=True)
 class ListOf:
     """A YAML list, each item read by ``item`` (its problems at ``[i]``)."""
 
-    item: Any
-    at_least: int = 0
+    # Plain classes, not dataclasses: making one costs a millisecond of every start-up.
+    __slots__ = ("at_least", "item")
+
+    def __init__(self, item: Any, at_least: int = 0) -> None:
+        self.item = item
+        self.at_least = at_least
 
     def read(self, value: Any, loc: Path, problems: Problems) -> Any:
         if not isinstance(value, list) or len(value) < self.at_least:
@@ -69,12 +72,14 @@ class ListOf:
         return INVALID if any(x is INVALID for x in items) else tuple(items)
 
 
-@dataclasses.dataclass(frozen=True)
 class MapOf:
     """A YAML mapping: each key read by ``key``, each value by ``value`` (both at ``.KEY``)."""
 
-    key: Reader
-    value: Any
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: Reader, value: Any) -> None:
+        self.key = key
+        self.value = value
 
     def read(self, value: Any, loc: Path, problems: Problems) -> Any:
         if not isinstance(value, dict):
@@ -90,11 +95,13 @@ class MapOf:
         return INVALID if bad else out
 
 
-@dataclasses.dataclass(frozen=True)
 class Flagged:
     """A table that may also be written ``true`` (all its defaults) or ``false`` (none)."""
 
-    table: Table
+    __slots__ = ("table",)
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
 
     def read(self, value: Any, loc: Path, problems: Problems) -> Any:
         if isinstance(value, bool):
@@ -102,15 +109,19 @@ class Flagged:
         return self.table.read(value, loc, problems)
 
 
-@dataclasses.dataclass(frozen=True)
 class Key:
-    """One key of a table: its name, what reads its value, and (from the spec) its default."""
+    """One key of a table: its name, what reads its value, and (from the spec) its
+    default (a factory's value; none when required) and whether ``key: ~`` is as
+    good as absent (its default is none)."""
 
-    name: str
-    shape: Any
-    required: bool
-    default: Any  # the spec's default (a factory's value), or None when required
-    nullable: bool  # ``key: ~`` is as good as absent (its default is none)
+    __slots__ = ("default", "name", "nullable", "required", "shape")
+
+    def __init__(self, name: str, shape: Any, required: bool, default: Any) -> None:
+        self.name = name
+        self.shape = shape
+        self.required = required
+        self.default = default
+        self.nullable = not required and default is None
 
 
 class Table:
@@ -147,8 +158,7 @@ class Table:
                 default, required = f.default_factory(), False
             else:
                 default, required = None, True
-            nullable = not required and default is None
-            self.keys[name] = Key(name, shape, required, default, nullable)
+            self.keys[name] = Key(name, shape, required, default)
 
     def accepted(self, unknown: str = "") -> str:
         """``accepted: a, b, c``, and a "did you mean" for the key ``unknown`` if one fits."""
