@@ -13,8 +13,8 @@ default is none may also be written null (``ready: ~``) for "none".
 :func:`read` walks the tables over a file's plain data: the :class:`StackSpec`
 of a valid file, or none and *every* problem at once, each with its key path
 (``units.a.ready.timeout``: ``'5x' is not valid: ...``; the caller adds the line).
-No pydantic: reading a file costs about a millisecond, and importing this
-module next to nothing.
+No pydantic (its import and models cost a refused file ~80-380 ms, see
+bench/HISTORY.md): reading a file here takes about a millisecond.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def read_value(shape: Any, value: Any, loc: Path, problems: Problems) -> Any:
 class ListOf:
     """A YAML list, each item read by ``item`` (its problems at ``[i]``)."""
 
-    # Plain classes, not dataclasses: making one costs a millisecond of every start-up.
+    # Plain classes, not dataclasses: making a dataclass compiles its methods at every start.
     __slots__ = ("at_least", "item")
 
     def __init__(self, item: Any, at_least: int = 0) -> None:
