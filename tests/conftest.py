@@ -543,10 +543,6 @@ def _fill_runtime(base: Path) -> Path:
         "click",
         "filelock",
         "structlog",
-        "pydantic",
-        "pydantic_core",
-        "annotated_types",
-        "typing_inspection",
         "typing_extensions.py",
     )
     for pkg in deps:

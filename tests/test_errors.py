@@ -21,11 +21,9 @@ OUTSIDE = {
     "hold.cli.interrupt.Interrupted",
     "hold.cli.call._Interrupted",
     "hold_supervisor.states.BadTransition",
-    # Internal signals that never leave their caller: spawn turns a failed
-    # chdir into a SpawnError; a stack file the plain reader doubts is read
-    # again by the models, which word the refusal.
+    # An internal signal that never leaves its caller: spawn turns a failed
+    # chdir into a SpawnError.
     "hold_supervisor.spawn.intoleaf.ChdirFailed",
-    "hold_supervisor.stackfile.plain.GiveUp",
 }
 
 

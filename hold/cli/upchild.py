@@ -10,7 +10,7 @@ until the stack is up or has failed. An empty SPEC_FD (the command refused the
 file, or died) ends the supervisor before it did anything.
 
 So the file is validated once, and the supervisor, which lives as long as the
-stack, never holds YAML, pydantic, click or structlog: most of a Python
+stack, never holds YAML, click or structlog: most of a Python
 process's memory would be theirs (``python -X importtime -m hold.cli.upchild``).
 A fork (no second interpreter to start, the imports the command already made
 shared) saves about 25 ms of ``hold up --detach`` on a 2-core machine.
@@ -30,14 +30,14 @@ if TYPE_CHECKING:
 
 # Never in the supervisor's memory (it lives as long as the stack): a command
 # that has loaded one of these starts a fresh interpreter instead of forking.
-HEAVY = ("pydantic", "pydantic_core", "yaml", "click", "structlog")
+HEAVY = ("yaml", "click", "structlog")
 
 
 class Starter:
     """The command's side: the supervisor started at once, handed the stack later.
 
-    Forked from the command, before it has read anything (no YAML nor
-    pydantic in it yet, one thread): the supervisor then imports what its run
+    Forked from the command, before it has read anything (no YAML in it
+    yet, one thread): the supervisor then imports what its run
     needs while the command validates, without paying a second interpreter's
     start. A command that already holds a heavy module (``hold up --detach
     --for`` comes through click) or a second thread starts ``python -P -m

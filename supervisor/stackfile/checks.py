@@ -1,6 +1,6 @@
 """The checks of a stack file that span keys or units, over the plain data.
 
-They run whether or not the models accepted the file, so one run reports every
+They run whether or not the schema accepted the file, so one run reports every
 problem; each is ``(line, "key.path: message")``. What each kind takes, the
 ``after`` names, conditions and cycles, placeholders, ports.
 """
@@ -114,7 +114,7 @@ def _kind_keys(p: Problems, units: dict[str, Any], kinds: dict[str, Any]) -> Non
             continue
         for key in unit:
             if key in TAKES[kind] or not any(key in TAKES[k] for k in UNIT_KINDS):
-                continue  # an unknown key is the model's to report
+                continue  # an unknown key is the schema's to report
             takers = [k for k in UNIT_KINDS if key in TAKES[k]]
             if takers == ["task"]:
                 p.add(("units", name, key), "only for a task unit (kind: task)")

@@ -5,12 +5,11 @@ carrying *every* problem found, each as ``FILE:LINE: KEY.PATH: message``
 (``stack.yaml:12: units.model.ready.timeout: '5x' is not valid: ...``).
 
 How: the YAML is *composed* (not loaded), so every key keeps the line it came
-from; the plain data is read by the quick path (:mod:`hold_supervisor.stackfile.plain`,
-no pydantic) and, if that gives up, by the models of :mod:`hold_supervisor.stackfile.models`
-(:mod:`hold_supervisor.stackfile.refusals`: unknown keys forbidden, values read by
+from; the plain data is read by the one schema (:mod:`hold_supervisor.stackfile.schema`:
+a table of keys per mapping, unknown keys refused, values read by
 :mod:`hold_supervisor.stackfile.values`, every problem worded); then the checks that
 span units (:mod:`hold_supervisor.stackfile.checks`) run over the same data, whether or
-not the models were happy with it, so one run reports all errors at once;
+not the schema was happy with it, so one run reports all errors at once;
 last, each unit's ``env_file`` is read (:mod:`hold_supervisor.stackfile.dotenv`) and its
 ``cwd`` checked.
 
@@ -28,7 +27,7 @@ from typing import Any
 
 from hold_supervisor.errors import SupervisorError
 from hold_supervisor.exitcodes import USAGE
-from hold_supervisor.stackfile import dotenv, placeholders, plain
+from hold_supervisor.stackfile import dotenv, placeholders, schema
 from hold_supervisor.stackfile.checks import cross_checks
 from hold_supervisor.stackfile.spec import (
     READY_KINDS,
@@ -66,29 +65,6 @@ __all__ = [
     "filled_env",
     "load",
 ]
-
-# Found in hold_supervisor.stackfile.refusals (pydantic), imported only when asked for.
-_REFUSALS = (
-    "SYNONYMS",
-    "ArgModel",
-    "HoldModel",
-    "LivenessModel",
-    "ReadyModel",
-    "RestartModel",
-    "ScratchModel",
-    "StackModel",
-    "StopModel",
-    "UnitModel",
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _REFUSALS:
-        from hold_supervisor.stackfile import refusals as stackrefusals
-
-        return getattr(stackrefusals, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 MAX_ERRORS = 100  # listed in one refusal; the rest are counted
 PLACEHOLDERS_ACCEPTED = placeholders.ACCEPTED
@@ -133,19 +109,14 @@ def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None =
 
     spec: StackSpec | None = None
     if isinstance(data, dict):
-        spec = plain.to_spec(data, shown, lines)
-        if spec is None:  # not plainly valid: the models find and word every problem
-            from hold_supervisor.stackfile.refusals import validate
-
-            spec, problems = validate(data, shown, lines)
-            errors.extend(problems)
+        spec, found = schema.read(data, shown, lines)
+        if extra_check is not None:
+            found.extend(extra_check(data))
+        errors.extend((line_of(lines, loc), f"{dotted(loc)}: {msg}") for loc, msg in found)
         if spec is not None:
             spec, problems = _files(spec)
             errors.extend(problems)
         errors.extend(cross_checks(data, lines))
-        if extra_check is not None:
-            for loc, msg in extra_check(data):
-                errors.append((line_of(lines, loc), f"{dotted(loc)}: {msg}"))
     else:
         errors.append((1, "the top level must be a mapping with name and units"))
 

@@ -1,10 +1,11 @@
-"""A stack as the supervisor runs it: plain frozen dataclasses, no pydantic, no YAML.
+"""A stack as the supervisor runs it: plain frozen dataclasses, no YAML.
 
-:func:`hold_supervisor.stackfile.load.load` reads and checks a file with the models of
-:mod:`hold_supervisor.stackfile.models` and gives these. They also travel as JSON
+:func:`hold_supervisor.stackfile.load.load` reads and checks a file with the tables of
+:mod:`hold_supervisor.stackfile.schema` and gives these (their field defaults are
+the keys' defaults). They also travel as JSON
 (:func:`to_json` / :func:`from_json`): ``hold up --detach`` hands the resolved
 stack to its background supervisor, which then needs neither the YAML reader
-nor the validation models in memory (they are most of its size).
+nor the schema in memory.
 """
 
 from __future__ import annotations

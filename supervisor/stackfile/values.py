@@ -1,10 +1,9 @@
 """The values a stack file holds, each read strictly.
 
 Each reader takes what YAML produced and returns the value, or raises
-``ValueError`` with "<value> is not valid: <what is accepted>". No pydantic
-here: the same readers serve the quick path (:mod:`hold_supervisor.stackfile.plain`) and
-the models (:mod:`hold_supervisor.stackfile.models`, which declare them as
-``PlainValidator`` types and add the key path and the line to a refusal).
+``ValueError`` with "<value> is not valid: <what is accepted>". The tables of
+:mod:`hold_supervisor.stackfile.schema` name one for each key, and add the key path
+(and :mod:`hold_supervisor.stackfile.load` the line) to a refusal.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class TaskRunner:
         placeholder with nothing to fill it.
         """
         from hold_supervisor.stackfile.load import (
-            load as load_stack,  # YAML and pydantic: only here
+            load as load_stack,  # YAML: only here
         )
 
         spec = load_stack(path)
