@@ -195,8 +195,7 @@ def wait_nasty_ready(ready: Path, timeout: float = 20) -> list[int]:
 
 
 def holders_of_file(path: Path) -> dict[int, Any]:
-    st = os.stat(path)
-    return scan.holders_of({(st.st_dev, st.st_ino)}, scan.pids())
+    return scan.holders_of([scan.node_of_stat(os.stat(path), str(path))], scan.pids())
 
 
 def assert_tree_gone(pids: list[int], device: Path) -> None:

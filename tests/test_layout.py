@@ -157,13 +157,9 @@ def test_autostarts_daemon_imports_no_click() -> None:
 
 # Issue 22, one /proc reader: outside hold_supervisor.proc no module builds a
 # /proc path itself. Each exception: (file, the expression as written) -> why.
-PROC_PATH_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("hold/devices/holders.py", 'f"/proc/{pid}/fd"'): (
-        "the holder scan's hot loop (bench.audit): every descriptor of every process; "
-        "a call into hold_supervisor.proc.scan per process or an (int, path) pair per "
-        "descriptor would cost what the loop was tuned to save"
-    ),
-}
+# None now: the one that was (the holder scan's listing of /proc/PID/fd, its hot
+# loop) moved into hold_supervisor.proc.scan.NodeMatcher with the matching.
+PROC_PATH_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _proc_paths(source: str) -> list[tuple[int, str]]:

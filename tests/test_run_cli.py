@@ -63,8 +63,8 @@ def assert_gone(pids: dict[str, int] | list[int], device: Path, port: int) -> No
     assert pids
     living = [pid for pid in pids if alive(pid)]
     assert not living, f"still alive: {living}"
-    st = os.stat(device)
-    assert scan.holders_of({(st.st_dev, st.st_ino)}, scan.pids()) == {}
+    node = scan.node_of_stat(os.stat(device), str(device))
+    assert scan.holders_of([node], scan.pids()) == {}
     assert port not in {ln.port for ln in scan.listeners().values()}
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free: binding it again works

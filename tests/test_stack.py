@@ -101,8 +101,7 @@ def pids(base: Path) -> dict[str, list[int]]:
 
 
 def holders(path: Path) -> list[int]:
-    st = os.stat(path)
-    return list(scan.holders_of({(st.st_dev, st.st_ino)}, scan.pids()))
+    return list(scan.holders_of([scan.node_of_stat(os.stat(path), str(path))], scan.pids()))
 
 
 def assert_all_gone(base: Path, timeout: float = 10) -> None:

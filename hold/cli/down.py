@@ -200,13 +200,13 @@ def _kill_and_watch(name: str, run_dir: str, pid: int, why: str) -> int:
 def _holds(pid: int, path: str) -> bool:
     """Does ``pid`` have ``path`` open (by device and inode)? The pid written in a
     held lock is believed only then: never a SIGKILL for a reused pid."""
-    from hold_supervisor.proc.scan import holders_of
+    from hold_supervisor.proc.scan import holders_of, node_of_stat
 
     try:
         st = os.stat(path)
     except OSError:
         return False
-    return pid in holders_of({(st.st_dev, st.st_ino)}, [pid])
+    return pid in holders_of([node_of_stat(st, path)], [pid])
 
 
 def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[int, int]]]:

@@ -4,7 +4,10 @@ Finding holders: every process's descriptors and memory mappings, matched by
 device number -- a descriptor's ``st_rdev`` (or, for the regular files that
 stand in for devices in tests, ``(st_dev, st_ino)``), a mapping's
 ``dev inode`` fields -- never by the text of a path, so a node reached
-through a bind mount, a hard link or a renamed node still matches.
+through a bind mount, a hard link or a renamed node still matches. The
+matching of one process is :class:`hold_supervisor.proc.scan.NodeMatcher`'s,
+the survivor check's too; here are the scan of every process around it (its
+cache, its forked workers, kernel threads) and the rows it gives.
 
 This reads ``/proc`` directly rather than through psutil: the scan visits
 every descriptor of every process on the machine, and psutil's per-process
@@ -31,7 +34,7 @@ from typing import Any, NamedTuple, NoReturn
 from hold.devices.classes import DeviceClass
 from hold.devices.scancache import ScanCache
 from hold_supervisor.proc import scan as procscan
-from hold_supervisor.proc.scan import KTHREADD, kernel_threads, kthreadd_children, read_raw
+from hold_supervisor.proc.scan import KTHREADD, NodeMatcher, kernel_threads, kthreadd_children
 
 # A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
 # for the node's own inode (how a mapping names it, and how a regular file
@@ -99,97 +102,31 @@ class Scan(NamedTuple):
 
 
 class _Matcher:
-    """The per-process work of a scan, with the lookups prepared once."""
+    """The per-process work of a scan: :class:`~hold_supervisor.proc.scan.NodeMatcher`'s
+    matches as :class:`Holder` rows, one per process and (class, device)."""
 
     def __init__(self, tgts: dict[Key, Target]) -> None:
-        self.tgts = tgts
-        self.rdev = {k[1]: t for k, t in tgts.items() if k[0] == "rdev"}
-        # In /proc/PID/maps a mapping names its file by "maj:min inode" of the
-        # node file itself: searching the raw text for " maj:min inode " finds
-        # it without parsing a line (the kernel's formatting: two-digit hex
-        # device numbers, decimal inode).
-        self.map_needles = [
-            (f" {os.major(k[1]):02x}:{os.minor(k[1]):02x} {k[2]} ".encode(), t)
-            for k, t in tgts.items()
-            if k[0] == "file"
-        ]
+        self.nodes = NodeMatcher(
+            {(k[1], k[2]): t for k, t in tgts.items() if k[0] == "file"},
+            {k[1]: t for k, t in tgts.items() if k[0] == "rdev"},
+        )
 
     def inspect(self, pid: int) -> tuple[list[Holder], bool]:
-        """(holders in this process, True if we may not read its descriptors or mappings).
-
-        "May not" is decided per descriptor and per file, not only by the
-        listing of ``fd/``: the listing can be allowed where following the
-        links is not (a process in another user namespace, or one more
-        privileged than us, such as a sandbox's init), and such a process
-        must be counted as not inspected, never passed over as holding nothing.
-        """
-        # The one /proc path built outside hold_supervisor.proc (issue 22), on
-        # purpose: this listing and the stat of each entry are the scan's hot
-        # loop (every descriptor of every process, bench.audit), and
-        # hold_supervisor.proc.scan.fds would build an (int, path) pair per
-        # descriptor, a helper returning the listing one more call and tuple
-        # per process. tests/test_layout.py names this line as its exception.
-        base = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(base)
-        except PermissionError:
-            return [], True
-        except OSError:
-            return [], False
-        found: dict[tuple[str, int | None], tuple[Target, str]] = {}
-        denied = False
-        for name in fds:
-            try:
-                st = os.stat(f"{base}/{name}")
-            except PermissionError:
-                denied = True  # the same check guards every descriptor: stop asking
-                break
-            except OSError:
-                continue  # closed meanwhile
-            mode = st.st_mode
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-                t = self.rdev.get(st.st_rdev)
-            elif stat.S_ISREG(mode):
-                t = self.tgts.get(("file", st.st_dev, st.st_ino))
-            else:
-                continue
-            if t is not None:
-                found.setdefault((t.cls, t.unit), (t, "fd"))
-        try:
-            for t in self._mapped(pid):
-                found.setdefault((t.cls, t.unit), (t, "mmap"))
-        except PermissionError:
-            denied = True
-        if not found:
+        """(holders in this process, True if we may not read its descriptors or
+        mappings: see :meth:`NodeMatcher.inspect`, never "holds nothing")."""
+        held, denied = self.nodes.inspect(pid)
+        if not held:
             return [], denied
         st0 = procscan.stat_of(pid)
         if st0 is None or st0.is_dead:
             return [], False
+        found: dict[tuple[str, int | None], tuple[Target, str]] = {}
+        for t, how in held.items():  # descriptors first: a device held both ways is "fd"
+            found.setdefault((t.cls, t.unit), (t, how))
         uid = _uid(pid)
         return [
             Holder(pid, st0.starttime, uid, t.cls, t.unit, how, t.path) for t, how in found.values()
         ], denied
-
-    def _mapped(self, pid: int) -> list[Target]:
-        data = read_raw(pid, "maps")
-        if not data:
-            return []
-        out = [t for needle, t in self.map_needles if needle in data]
-        if self.rdev and b" /dev/" in data:
-            # Another node file for the same device (mknod elsewhere): the
-            # path only locates it; its device number decides.
-            for line in data.splitlines():
-                parts = line.split(None, 5)
-                if len(parts) < 6 or not parts[5].startswith(b"/dev/") or parts[4] == b"0":
-                    continue
-                try:
-                    st = os.stat(parts[5].decode())
-                except (OSError, UnicodeDecodeError):
-                    continue
-                t = self.rdev.get(st.st_rdev) if stat.S_ISCHR(st.st_mode) else None
-                if t is not None and t not in out:
-                    out.append(t)
-        return out
 
 
 def scan(

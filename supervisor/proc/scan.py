@@ -13,7 +13,7 @@ import os
 import stat as stat_mod
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, Stat, read_stat
 
@@ -23,6 +23,8 @@ _COMMON_CHAR_DEVICES: frozenset[tuple[int, int]] = frozenset(
     # null, zero, full, random, urandom, tty, console, ptmx
 )
 _PTS_MAJORS = frozenset(range(136, 144))  # /dev/pts/*
+
+T = TypeVar("T")
 
 
 def pids() -> list[int]:
@@ -415,76 +417,147 @@ def mapped_device_nodes(pid: int) -> Iterator[Node]:
     executable, which every process on the machine shares.
     """
     try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            data = f.read()
-    except OSError:
+        data = read_raw(pid, "maps")
+    except PermissionError:
         return
-    if b" /dev/" not in data:  # most processes map no device node: skip the parse
-        return
-    seen: set[tuple[int, int]] = set()
-    for line in data.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or parts[4] == b"0":
-            continue
-        path = parts[5].decode("utf-8", "replace")
-        if not path.startswith("/dev/"):
-            continue
-        major_s, minor_s = parts[3].split(b":")
-        dev = os.makedev(int(major_s, 16), int(minor_s, 16))
-        key = (dev, int(parts[4]))
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        node = node_of_stat(st, path)
+    for key, path, st in _dev_mappings(data):
+        node = node_of_stat(st, path.decode("utf-8", "replace"))
         if node.key == key and is_private_candidate(node, st.st_mode):
             yield node
 
 
-def holders_of(keys: set[tuple[int, int]], candidates: Iterable[int]) -> dict[int, Node]:
-    """Which of ``candidates`` hold (descriptor or mapping) one of the nodes ``keys``."""
-    found: dict[int, Node] = {}
-    if not keys:
-        return found
-    for pid in candidates:
+def _dev_mappings(maps: bytes) -> Iterator[tuple[tuple[int, int], bytes, os.stat_result]]:
+    """Each file under ``/dev/`` that the ``/proc/PID/maps`` text ``maps`` maps, once:
+    ((dev, inode) as the mapping names it, its path, the path's stat now); paths
+    that no longer stat are left out."""
+    if b" /dev/" not in maps:  # most processes map no device node: skip the parse
+        return
+    seen: set[tuple[int, int]] = set()
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or parts[4] == b"0" or not parts[5].startswith(b"/dev/"):
+            continue
+        major_s, minor_s = parts[3].split(b":")
+        key = (os.makedev(int(major_s, 16), int(minor_s, 16)), int(parts[4]))
+        if key in seen:
+            continue
+        seen.add(key)
         try:
-            entries = fds(pid)
+            st = os.stat(parts[5])
         except OSError:
             continue
-        for _fd, path in entries:
+        yield key, parts[5], st
+
+
+class NodeMatcher(Generic[T]):
+    """Which of some wanted nodes a process holds, by descriptor or memory mapping:
+    the one answer to "who holds these nodes" (``hold audit``, the daemon's device
+    scan, the survivor check), built once per scan and asked per process.
+
+    Matched by number, never by the text of a path, so a node reached through a
+    bind mount, a hard link or a renamed node still matches: a descriptor of a
+    character or block device by its device number (``st_rdev``, so another
+    node file of the same device matches too), one of a regular file by
+    ``(st_dev, st_ino)``; a mapping by the ``dev inode`` of the file mapped,
+    or, for a mapped node under ``/dev/``, by the device number it opens.
+    ``files``: ``(dev, ino)`` -> what to answer for it (a device node's own
+    inode too: how a mapping names it); ``devices``: device number -> the same.
+    """
+
+    __slots__ = ("_needles", "devices", "files")
+
+    def __init__(self, files: Mapping[tuple[int, int], T], devices: Mapping[int, T]) -> None:
+        self.files = dict(files)
+        self.devices = dict(devices)
+        # In /proc/PID/maps a mapping names its file by "maj:min inode" of the
+        # node file itself: searching the raw text for " maj:min inode " finds
+        # it without parsing a line (the kernel's formatting: at least
+        # two-digit hex device numbers, decimal inode).
+        self._needles = [
+            (f" {os.major(dev):02x}:{os.minor(dev):02x} {ino} ".encode(), t)
+            for (dev, ino), t in self.files.items()
+        ]
+
+    @staticmethod
+    def of_nodes(nodes: Iterable[Node]) -> NodeMatcher[Node]:
+        """A matcher answering with the :class:`Node` matched."""
+        nodes = list(nodes)
+        return NodeMatcher({n.key: n for n in nodes}, {n.rdev: n for n in nodes if n.rdev})
+
+    def inspect(self, pid: int) -> tuple[dict[T, str], bool]:
+        """(what the process holds -> ``"fd"`` or ``"mmap"``, descriptors first; True if
+        we may not read all of its descriptors or mappings).
+
+        "May not" is decided per descriptor and per file, not only by the
+        listing of ``fd/``: the listing can be allowed where following the
+        links is not (a process in another user namespace, or one more
+        privileged than us, such as a sandbox's init), and such a process
+        must be counted as not inspected, never passed over as holding
+        nothing. A process that is gone holds nothing (False).
+        """
+        # Listed and stat'ed inline, not through fds(): this is the hot loop
+        # of the holder scan (every descriptor of every process, bench.audit),
+        # and fds() builds an (int, path) pair per descriptor.
+        base = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(base)
+        except PermissionError:
+            return {}, True
+        except OSError:
+            return {}, False
+        found: dict[T, str] = {}
+        denied = False
+        by_rdev = self.devices.get
+        by_file = self.files.get
+        for name in names:
             try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) in keys:
-                found[pid] = node_of_stat(st, _readlink(path))
+                st = os.stat(f"{base}/{name}")
+            except PermissionError:
+                denied = True  # the same check guards every descriptor: stop asking
                 break
-        else:
-            try:
-                with open(f"/proc/{pid}/maps", "rb") as f:
-                    lines = f.read().splitlines()
             except OSError:
+                continue  # closed meanwhile
+            mode = st.st_mode
+            if stat_mod.S_ISCHR(mode) or stat_mod.S_ISBLK(mode):
+                t = by_rdev(st.st_rdev)
+            elif stat_mod.S_ISREG(mode):
+                t = by_file((st.st_dev, st.st_ino))
+            else:
                 continue
-            for line in lines:
-                parts = line.split(None, 5)
-                if len(parts) < 6 or parts[4] == b"0":
-                    continue
-                major_s, minor_s = parts[3].split(b":")
-                key = (os.makedev(int(major_s, 16), int(minor_s, 16)), int(parts[4]))
-                if key in keys:
-                    found[pid] = Node(key[0], key[1], 0, parts[5].decode("utf-8", "replace"))
-                    break
+            if t is not None:
+                found.setdefault(t, "fd")
+        try:
+            maps = read_raw(pid, "maps")
+        except PermissionError:
+            return found, True
+        for needle, t in self._needles:
+            if needle in maps:
+                found.setdefault(t, "mmap")
+        if self.devices:
+            # Another node file of a wanted device (mknod elsewhere): the path
+            # only locates it; its device number decides.
+            for _, _, st in _dev_mappings(maps):
+                if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode):
+                    t = by_rdev(st.st_rdev)
+                    if t is not None:
+                        found.setdefault(t, "mmap")
+        return found, denied
+
+
+def holders_of(nodes: Iterable[Node], candidates: Iterable[int]) -> dict[int, Node]:
+    """Which of ``candidates`` hold (descriptor or mapping) one of ``nodes``, and
+    which node (the first found), as :class:`NodeMatcher` matches. A process
+    whose descriptors or mappings we may not read is named only for what could
+    be read of it: the survivor check reports what it can show."""
+    matcher = NodeMatcher.of_nodes(nodes)
+    found: dict[int, Node] = {}
+    if not matcher.files:
+        return found
+    for pid in candidates:
+        held, _ = matcher.inspect(pid)
+        if held:
+            found[pid] = next(iter(held))
     return found
-
-
-def _readlink(path: str) -> str:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return "?"
 
 
 class Listener(NamedTuple):
@@ -581,6 +654,7 @@ __all__ = [
     "Listener",
     "NoSuchProcess",
     "Node",
+    "NodeMatcher",
     "Stats",
     "ancestors",
     "descendants",

@@ -200,7 +200,7 @@ def check_survivors(
     if nodes:
         holders = [
             _holder(pid, f"holds {node.path}")
-            for pid, node in sorted(scan.holders_of(set(nodes), candidates()).items())
+            for pid, node in sorted(scan.holders_of(nodes.values(), candidates()).items())
         ]
     if ports:
         holders += _port_holders(ports, candidates)
