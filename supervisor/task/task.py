@@ -73,10 +73,12 @@ class TaskRunner:
     ``env``: the task's whole environment (built by :func:`minimal_env`,
     carrying the unit's ``HOLD_TREE`` marker); each call adds
     ``HOLD_CALL=<id>``. ``leaf``: the unit's cgroup leaf, inside which each
-    call gets its own; None to find calls by walking /proc (the caller is
-    then expected to be a child subreaper). ``log``: where each call's record
-    goes (one JSON line). ``on_end``: told each result (in the call's thread).
-    ``cwd``: each call's working directory.
+    call gets its own; None to find calls by walking /proc (the calls follow
+    the unit's choice: :func:`~hold_supervisor.spawn.containment.within`; either
+    way this process becomes a child subreaper, by the first call at the
+    latest). ``log``: where each call's record goes (one JSON line).
+    ``on_end``: told each result (in the call's thread). ``cwd``: each call's
+    working directory.
     """
 
     def __init__(
