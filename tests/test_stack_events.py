@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from hold_supervisor.spawn.containment import WalkContainment
 from hold_supervisor.stack.display import Display
 from hold_supervisor.stack.events import handle_events
 from hold_supervisor.stack.eventtypes import Cleaned, OnMain, Outcome, Result, Say, Spawned
@@ -32,7 +33,7 @@ def state(tmp_path: Path, said: list[str]) -> StackState:
     return StackState(
         spec,
         run_dir=str(tmp_path),
-        hierarchy=None,
+        containment=WalkContainment(),
         environ={},
         display=Display(write=said.append, live=False),
     )

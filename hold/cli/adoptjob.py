@@ -28,17 +28,17 @@ from hold_supervisor.cause import Cause
 from hold_supervisor.proc.identity import Handle, ProcessId, read_stat
 from hold_supervisor.proc.tree import Member, Tree
 from hold_supervisor.sigwake import drain, signals_to_pipe
+from hold_supervisor.spawn.containment import Containment, WalkContainment, choose, leaf_path
 
 if TYPE_CHECKING:
     from hold.cli.runargs import RunArgs
     from hold.client.connection import Client
     from hold.client.lease import Granted
     from hold.client.session import LeaseSession
-    from hold_supervisor.proc.cgroup import Hierarchy, Leaf
+    from hold_supervisor.proc.cgroup import Leaf
     from hold_supervisor.proc.stop import StopReport
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-WALK_LOOK = 2.0  # seconds between looks at a walked tree: new members are seen while alive
 
 
 class Job:
@@ -50,7 +50,7 @@ class Job:
         handle: Handle,
         args: RunArgs,
         say: Callable[[str], None],
-        hierarchy: Hierarchy | None,
+        containment: Containment,
     ) -> None:
         st = read_stat(root.pid)
         self.root = root
@@ -58,7 +58,7 @@ class Job:
         self.comm = st.comm or str(root.pid)
         self.args = args
         self.say = say
-        self.hierarchy = hierarchy
+        self.containment = containment  # where its tree goes once the lease is granted
         self.tree_id = os.urandom(6).hex()
         # Its group and session only where it leads them: not its shell's.
         self.tree = Tree(
@@ -74,17 +74,14 @@ class Job:
     def pin(cls, pid: int, args: RunArgs, say: Callable[[str], None], cgroups: str) -> Job:
         """The job of ``pid``; NoSuchProcess if it is gone; ValueError if ``cgroups:
         required`` and its cgroup is not this user's to make a leaf in."""
-        from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
+        from hold_supervisor.proc.cgroup import CgroupUnavailable
 
-        hierarchy = None
-        if cgroups != "off":
-            try:
-                hierarchy = Hierarchy.of_process(pid)
-            except CgroupUnavailable as e:
-                if cgroups == "required":
-                    raise ValueError(f"cgroups: required, but {e}") from None
+        try:
+            containment = choose(cgroups, of_process=pid)  # leaves in its own cgroup
+        except CgroupUnavailable as e:
+            raise ValueError(f"cgroups: required, but {e}") from None
         root = ProcessId.of(pid)
-        return cls(root, Handle.open(root), args, say, hierarchy)
+        return cls(root, Handle.open(root), args, say, containment)
 
     def look(self, daemon: int) -> str | None:
         """Its members now; why not to adopt it, if the daemon is one of them."""
@@ -115,7 +112,7 @@ class Job:
         """The tree as the daemon is told it: the adoption, and its leaf once made."""
         return {
             "tree_id": self.tree_id,
-            "leaf": leaf.path if leaf else None,
+            "leaf": leaf_path(leaf),
             "grace": self.args.grace,
             "adopt": {"pid": self.root.pid, "start": self.root.starttime},
         }
@@ -142,25 +139,22 @@ class Job:
         return self._outcome(cause, report)
 
     def _contain(self, session: LeaseSession) -> None:
-        """Its tree moved into a leaf in its own cgroup, and the daemon told; else walked."""
+        """Its tree moved into a leaf in its own cgroup, and the daemon told; else walked
+        (from then on: :attr:`containment` is the walk)."""
         from hold_supervisor.proc.cgroup import CgroupUnavailable
-        from hold_supervisor.proc.tree import move_into
 
-        if self.hierarchy is None:
-            return
         walk = "its tree is tracked by walking /proc"
         try:
-            leaf = self.hierarchy.create(f"hold-{self.tree_id}")
+            leaf, failed = self.containment.take_in(self.tree, f"hold-{self.tree_id}")
         except CgroupUnavailable as e:
             self.say(f"warning: {e}; {walk}")
+            self.containment = WalkContainment()
             return
-        failed = move_into(self.tree, leaf)
-        if self.root.pid in failed or not leaf.pids():
-            leaf.remove(self.hierarchy.base)
+        if leaf is None:
             if failed:
                 self.say(f"warning: pid {self.root.pid} cannot be moved into a cgroup; {walk}")
+            self.containment = WalkContainment()
             return
-        self.tree.leaf = leaf
         if failed:
             self.say(
                 f"warning: pids {', '.join(map(str, failed))} cannot be moved into the "
@@ -175,7 +169,7 @@ class Job:
 
         cls = self.args.device.split(":")[0] if self.args.device else "?"
         devs = ",".join(f"{cls}:{i}" for i in got.devices)
-        where = "in its cgroup leaf" if self.tree.leaf else "found by walking /proc"
+        where = self.containment.where
         self.say(
             f"adopted pid {self.root.pid} ({self.comm}) and its tree ({where}): lease "
             f"{got.lease} on {devs}, {format_until(got.expires, time.time())}"
@@ -196,9 +190,10 @@ class Job:
             left = deadline - time.monotonic()
             if left <= 0:
                 return Cause("expired", detail="the lease's time limit was reached")
-            walked = self.tree.leaf is None
-            ready = poller.poll(min(left, WALK_LOOK) * 1000 if walked else left * 1000)
-            if walked and not ready:
+            # A walked tree is looked at while it runs: new members are seen while alive.
+            every = self.containment.look_every
+            ready = poller.poll(min(left, every or left) * 1000)
+            if every is not None and not ready:
                 self.tree.look()  # who is in it now, found again after its root exits
                 self.tree.forget_dead()
             # The daemon's word first: a release or an expiry stops the job, and
@@ -217,9 +212,7 @@ class Job:
                         return told
 
     def _release_leaf(self) -> None:
-        leaf = self.tree.leaf
-        if leaf is not None and self.hierarchy is not None and not leaf.pids():
-            leaf.remove(self.hierarchy.base)
+        self.containment.release(self.tree.leaf, only_if_empty=True)
 
     def _outcome(self, cause: Cause, report: StopReport) -> int:
         """What is said at the end, and the exit status (the module docstring)."""

@@ -244,8 +244,8 @@ def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[in
 
 
 def _empty(tree: Tree) -> bool:
-    if tree.leaf is not None and tree.contained:
-        return not tree.leaf.populated()
+    if tree.contained:
+        return tree.leaf_emptied()
     return not tree.members()
 
 
@@ -274,9 +274,9 @@ def _stop_left(trees: list[Tree]) -> list[int]:
     for t in trees:
         report = stop_tree(t, grace=_OWN_GRACE)
         out.extend(s.pid for s in report.survivors)
-        if report.ok and t.leaf is not None:
+        if report.ok:
             try:
-                t.leaf.remove(os.path.dirname(t.leaf.path))
+                t.remove_leaf()
             except (OSError, ValueError):
                 pass
     return out

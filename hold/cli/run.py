@@ -45,8 +45,8 @@ if TYPE_CHECKING:  # imported where used: see the module docstring
     from hold.devices.classes import DeviceClass
     from hold.statedir import StateDir
     from hold_supervisor.cause import Cause
-    from hold_supervisor.proc.cgroup import Hierarchy
     from hold_supervisor.proc.tree import Tree
+    from hold_supervisor.spawn.containment import Containment
     from hold_supervisor.spawn.foreground import Foreground, RunResult
 
 
@@ -213,12 +213,13 @@ class Run:
     def execute(self) -> int:
         """Connect, wait in line, run the command in the foreground; its exit status."""
         from hold_supervisor.environ import DEFAULT_ALLOW, minimal_env
-        from hold_supervisor.proc.cgroup import CgroupUnavailable, hierarchy_for
+        from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.spawn.child import SpawnError, resolve
+        from hold_supervisor.spawn.containment import choose
 
         args = self.args
         try:
-            hierarchy = hierarchy_for(self.cgroups)
+            containment = choose(self.cgroups)
         except CgroupUnavailable as e:
             self.say(f"cgroups: required, but {e}")
             return exitcodes.USAGE
@@ -240,7 +241,7 @@ class Run:
         with self._scratch(env) as code:
             if code is not None:
                 return code
-            return self._execute(env, tree_id, hierarchy)
+            return self._execute(env, tree_id, containment)
 
     @contextlib.contextmanager
     def _scratch(self, env: dict[str, str]) -> Iterator[int | None]:
@@ -265,7 +266,7 @@ class Run:
             stack.push(scope)
             yield None
 
-    def _execute(self, env: dict[str, str], tree_id: str, hierarchy: Hierarchy | None) -> int:
+    def _execute(self, env: dict[str, str], tree_id: str, containment: Containment) -> int:
         from hold_supervisor.spawn.foreground import Foreground, is_foreground_tty
         from hold_supervisor.spawn.intoleaf import preload
 
@@ -292,7 +293,7 @@ class Run:
             timeout=args.time,
             grace=args.grace,
             stop_signal=args.signal,
-            hierarchy=hierarchy,
+            containment=containment,
             interactive=is_foreground_tty(0),
         )
         # The grace goes with the tree: the daemon stopping it (if we die)
@@ -304,7 +305,9 @@ class Run:
                 # the leaf is made once the lease is granted (a leaf made before
                 # a long wait can be removed by someone else in the meantime).
                 # ctypes for the clone into the leaf, loaded while the daemon checks.
-                code = self._acquire(session, tree, env, preload if hierarchy else None)
+                code = self._acquire(
+                    session, tree, env, preload if containment.joins_leaf else None
+                )
                 if code is not None:
                     session.close()
                     return code
@@ -321,30 +324,32 @@ class Run:
         """The leaf, the tree registered, the command run and stopped; its exit status."""
         from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.spawn.child import SpawnError
-        from hold_supervisor.spawn.keeper import split
+        from hold_supervisor.spawn.containment import leaf_path
 
         session = self.session
         assert session is not None
         try:
-            leaf = fg.prepare()
-        except CgroupUnavailable as e:  # writable, yet no leaf could be made
-            if self.cgroups == "required":
-                session.close()
-                self.say(f"cgroups: required, but {e}")
-                return exitcodes.USAGE
-            fg.hierarchy = None
-            leaf = fg.prepare()
-        if leaf is None and not split(grace=self.args.grace, spare=self._daemon):
-            # A keeper above us ends the tree if we are SIGKILLed (hold_supervisor.spawn.keeper).
-            self.say("warning: no keeper (threads are running): " + fg.walk_note(self.cgroups))
-        elif self.args.verbose and leaf is None:  # once per run: the limit of the walk (issue 10)
-            self.say(fg.walk_note(self.cgroups))
+            leaf = fg.prepare(self.cgroups)
+        except CgroupUnavailable as e:  # required: writable, yet no leaf could be made
+            session.close()
+            self.say(f"cgroups: required, but {e}")
+            return exitcodes.USAGE
+        # Without a leaf, a keeper above us ends the tree if we are SIGKILLed
+        # (hold_supervisor.spawn.keeper); with one, none is needed.
+        if not fg.containment.keep(grace=self.args.grace, spare=self._daemon):
+            self.say(
+                f"warning: no keeper (threads are running): {fg.containment.limit(self.cgroups)}"
+            )
+        elif self.args.verbose and (note := fg.containment.limit(self.cgroups)):
+            self.say(note)  # once per run: the limit of the walk (issue 10)
         with fg.until_run():  # the leaf goes, whatever happens, if the command never runs
             try:
-                if session.guarded and (leaf is not None or self.spec is None):
-                    tree["leaf"] = leaf.path if leaf else None
-                    if not self._register(session, tree):
-                        return exitcodes.TOOL
+                # Registered again with news only: its leaf (a lease's tree is
+                # registered by its marker while it waits in line).
+                tree["leaf"] = leaf_path(leaf)
+                news = tree["leaf"] is not None or self.spec is None
+                if session.guarded and news and not self._register(session, tree):
+                    return exitcodes.TOOL
                 extra = {session.fileno(): self._on_daemon} if session.guarded else None
                 result = fg.run(extra=extra, on_started=self._on_started(str(tree["tree_id"])))
             except SpawnError as e:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from hold_supervisor.cause import Cause
     from hold_supervisor.proc.cgroup import Leaf
     from hold_supervisor.proc.tree import Tree
+    from hold_supervisor.spawn.containment import Containment
     from hold_supervisor.stack.stack import Stack
     from hold_supervisor.stackfile.spec import StackSpec
 
@@ -159,13 +160,14 @@ class StackRun:
 
     def execute(self) -> int:
         from hold.client.session import LeaseSession
-        from hold_supervisor.proc.cgroup import CgroupUnavailable, hierarchy_for
+        from hold_supervisor.proc.cgroup import CgroupUnavailable
+        from hold_supervisor.spawn.containment import choose
         from hold_supervisor.stack.display import Display
         from hold_supervisor.stack.stack import Stack, StackError
 
         spec = self.spec
         try:
-            hierarchy = hierarchy_for(self.settings.cgroups)
+            containment = choose(self.settings.cgroups)
         except CgroupUnavailable as e:
             self.say(f"cgroups: required, but {e}")
             return USAGE
@@ -185,15 +187,14 @@ class StackRun:
             return session
         self.session = session
         try:
-            if hierarchy is None:
-                # Before the stack records who supervises it (its lock, its
-                # start time): from here on, that is the launcher.
-                self._split_keeper()
+            # Before the stack records who supervises it (its lock, its
+            # start time): from here on, that is the launcher.
+            self._keep(containment)
             display = Display(write=self.status.write, live=False) if self.status else Display()
             stack = Stack(
                 spec,
                 run_dir=run_dir_of(self.sd, spec.name),
-                hierarchy=hierarchy,
+                containment=containment,
                 environ=os.environ,
                 display=display,
                 on_tree_prepared=self._on_tree_prepared,
@@ -237,20 +238,22 @@ class StackRun:
             return e.code
         return result.code
 
-    def _split_keeper(self) -> None:
+    def _keep(self, containment: Containment) -> None:
         """Without cgroups: a keeper above us ends the units' trees if we are
-        SIGKILLed (:mod:`hold_supervisor.spawn.keeper`). After the daemon is
-        reached (one we start must not be re-parented to the keeper), before the
-        first unit's spawn and the first thread."""
-        from hold_supervisor.spawn.keeper import split
-
+        SIGKILLed (:meth:`~hold_supervisor.spawn.containment.Containment.keep`). After
+        the daemon is reached (one we start must not be re-parented to the keeper),
+        before the first unit's spawn and the first thread."""
         grace = max((u.stop.grace for u in self.spec.units.values()), default=10.0)
-        pid = self.sd.daemon_pid  # the keeper leaves the ticket daemon alone
-        if not split(grace=grace, spare=lambda: {p} if (p := pid()) is not None else set()):
+        if not containment.keep(grace=grace, spare=self._daemon):
             self.say(
                 "warning: threads are running, no keeper: an escapee that clears "
                 "HOLD_TREE outlives a SIGKILL of this process"
             )
+
+    def _daemon(self) -> set[int]:
+        """The ticket daemon, which the keeper leaves alone."""
+        pid = self.sd.daemon_pid()
+        return {pid} if pid is not None else set()
 
     def _acquire(self, session: LeaseSession, env: dict[str, str]) -> int | None:
         from hold.client.lease import DEFAULT_TTL
@@ -290,6 +293,7 @@ class StackRun:
 
     def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
         from hold.client.session import DaemonLost
+        from hold_supervisor.spawn.containment import leaf_path
         from hold_supervisor.stack.stack import StackError
 
         session = self.session
@@ -298,9 +302,7 @@ class StackRun:
         try:
             # The unit's own grace: the daemon gives it when it stops the tree for us.
             grace = self.spec.units[unit].stop.grace
-            ans = session.register(
-                {"tree_id": tree_id, "leaf": leaf.path if leaf else None, "grace": grace}
-            )
+            ans = session.register({"tree_id": tree_id, "leaf": leaf_path(leaf), "grace": grace})
         except DaemonLost as e:
             raise StackError(
                 [f"lost the ticket daemon while registering {unit}: {e}"], TOOL

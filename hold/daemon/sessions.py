@@ -75,7 +75,7 @@ class Endings:
             # (twice more through /proc per handoff, issue 13). Whoever still
             # holds the lease's devices, in the leaf or not, is the leftover
             # scan's below; a holder that lied only lied about its own tree.
-            trees = [(t, g) for t, g in trees if t.leaf is None or t.leaf.populated()]
+            trees = [(t, g) for t, g in trees if not t.leaf_emptied()]
         devices = (
             (s.lease.cls, s.lease.devices, s.lease.granted)
             if s.lease and self.st.scanned[s.lease.cls]
@@ -131,9 +131,9 @@ class Endings:
             try:
                 report = stop_tree(tree, grace=tree_grace)
                 reports.append(report)
-                if tree.leaf is not None and report.ok:
+                if report.ok:
                     # The client normally removes its leaf; if it died, we do.
-                    tree.leaf.remove(os.path.dirname(tree.leaf.path))
+                    tree.remove_leaf()
             except Exception as e:  # never let a stop kill the daemon silently
                 assert self.st.log is not None
                 self.st.log.error("stop_failed", session=sid, tree=tree.tree_id, error=repr(e))

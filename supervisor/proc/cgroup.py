@@ -203,22 +203,6 @@ def _writable(path: str) -> bool:
     return os.access(path, os.W_OK | os.X_OK) and os.access(f"{path}/cgroup.procs", os.W_OK)
 
 
-def hierarchy_for(mode: str) -> Hierarchy | None:
-    """The hierarchy to make leaves in, under a ``cgroups:`` mode.
-
-    ``off``: None. ``auto``: one if it can be had, else None (the walk).
-    ``required``: one, or :class:`CgroupUnavailable` saying why not.
-    """
-    if mode == "off":
-        return None
-    try:
-        return Hierarchy.find()
-    except CgroupUnavailable:
-        if mode == "required":
-            raise
-        return None
-
-
 class Hierarchy:
     """Where this process may create leaves: its own cgroup, or the nearest
     ancestor of it that this user may write (a delegated subtree)."""

@@ -122,8 +122,7 @@ def _wait_tree_empty(tree: Tree, timeout: float) -> Look:
     """Wait up to ``timeout`` for every member to exit; the last look (members still alive)."""
     deadline = time.monotonic() + timeout
     while True:
-        if tree.leaf is not None:
-            tree.leaf.wait_empty(max(0.0, deadline - time.monotonic()))
+        tree.wait_leaf_empty(max(0.0, deadline - time.monotonic()))
         look = _look(tree)
         members = look[1]
         left = deadline - time.monotonic()
@@ -293,9 +292,7 @@ def stop_tree(
     default, e.g. a test that starts a process just before the check.
     """
     t0 = time.monotonic()
-    report = StopReport(
-        tree.tree_id, signal.Signals(sig).name, method="cgroup" if tree.leaf is not None else "walk"
-    )
+    report = StopReport(tree.tree_id, signal.Signals(sig).name, method=tree.method)
     # "Settled": two looks in a row found nobody, and nothing was signalled
     # since -- the survivor check's own answer, already had.
     look = _look(tree)
@@ -321,7 +318,7 @@ def stop_tree(
 
     # 3. Kill what is left -- in a leaf, also what its look could not name
     # (cgroup.procs lists a zombie leader whose threads still run).
-    if members or (tree.leaf_only and tree.leaf is not None and tree.leaf.populated()):
+    if members or (tree.leaf_only and not tree.leaf_emptied()):
         report.outcome = "killed"
         report.killed = _kill(tree, members)
         settled = None
@@ -361,14 +358,13 @@ def _held(members: dict[int, Member], watch: Iterable[scan.Node]) -> tuple[Nodes
 
 def _kill(tree: Tree, members: dict[int, Member]) -> list[Member]:
     """Kill the members left after the grace; those killed."""
-    if tree.leaf is None or tree.uid is not None:
+    if not tree.kill_leaf():
         # (With a uid limit, cgroup.kill could reach a process the user
         # could not have signalled: such trees are frozen and walked.)
         frozen = _freeze_and_walk(tree)
         dead = [m for m in frozen.values() if _signal(m.ident, signal.SIGKILL)]
         _wait_gone((m.ident for m in frozen.values()), _KILL_WAIT)
         return dead
-    tree.leaf.kill()
     # Members outside the leaf (found by marker, session or descent: started
     # before the leaf existed, or moved out of it) are frozen and walked for,
     # as without a leaf, then killed one by one.
@@ -378,7 +374,7 @@ def _kill(tree: Tree, members: dict[int, Member]) -> list[Member]:
             if "cgroup" not in m.found_by:
                 outside[m.ident] = m
     refused = {i for i in outside if not _signal(i, signal.SIGKILL)}
-    tree.leaf.wait_empty(_KILL_WAIT)
+    tree.wait_leaf_empty(_KILL_WAIT)
     _wait_gone(outside, _KILL_WAIT)
     killed = {m.ident: m for m in members.values()} | outside
     return [m for i, m in killed.items() if i not in refused]
@@ -397,8 +393,7 @@ def _check(
     stop as it should have."""
     found, report.holders_after = check(tree, nodes, ports, settled)
     if found:
-        if tree.leaf is not None and tree.uid is None:
-            tree.leaf.kill()
+        tree.kill_leaf()
         # Frozen first: a survivor may be a fork loop that a kill aimed at
         # the pids just seen would miss.
         for m in _freeze_and_walk(tree).values():

@@ -86,7 +86,7 @@ class Tree:
     ``seen`` remembers every member ever found, to find their descendants
     after the process between them has exited. ``cache``: looks may skip the
     processes it proves older than the root (:mod:`hold_supervisor.proc.cache`).
-    ``born_in_leaf``: the root was spawned into ``leaf`` (before its first
+    ``born_in_leaf``: the root was spawned into ``leaf``, where it has one (before its first
     instruction), so the leaf and the root are the whole tree and no look
     walks /proc (see :attr:`leaf_only`).
     """
@@ -158,6 +158,38 @@ class Tree:
     def contained(self) -> bool:
         """True when the cgroup leaf alone says who the members are."""
         return self.leaf is not None and self.uid is None and not self.spare
+
+    @property
+    def method(self) -> str:
+        """How it is found and killed, as a stop reports it: ``cgroup`` (it has a
+        leaf) or ``walk``."""
+        return "walk" if self.leaf is None else "cgroup"
+
+    def kill_leaf(self) -> bool:
+        """``cgroup.kill`` its leaf, where that may end it: it has one, and no uid
+        limit (the kill could reach a process the user could not have signalled);
+        whether it was sent."""
+        if self.leaf is None or self.uid is not None:
+            return False
+        self.leaf.kill()
+        return True
+
+    def wait_leaf_empty(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for its leaf to empty (woken by the kernel); at
+        once without a leaf."""
+        if self.leaf is not None:
+            self.leaf.wait_empty(timeout)
+
+    def leaf_emptied(self) -> bool:
+        """Its leaf holds nobody (or is gone): the tree is over. False without a
+        leaf: only a look can say."""
+        return self.leaf is not None and not self.leaf.populated()
+
+    def remove_leaf(self) -> None:
+        """Remove its (emptied) leaf, if it has one (``OSError``/``ValueError`` if it
+        cannot be): for a guardian whose client did not live to remove it."""
+        if self.leaf is not None:
+            self.leaf.remove(os.path.dirname(self.leaf.path))
 
     @property
     def leaf_only(self) -> bool:

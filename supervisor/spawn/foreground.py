@@ -27,7 +27,7 @@ from hold_supervisor.proc.stop import StopReport, stop_tree
 from hold_supervisor.proc.tree import Tree
 from hold_supervisor.sigwake import drain, signals_to_pipe
 from hold_supervisor.spawn.child import Child, owned_pids, spawn
-from hold_supervisor.spawn.containment import Containment
+from hold_supervisor.spawn.containment import Containment, WalkContainment, first_home
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -57,8 +57,8 @@ class Foreground:
     ``interactive``: the command gets its own process group in our session
     and the terminal's foreground (so a shell keeps Ctrl-C and job control,
     as under ``timeout --foreground``); otherwise its own session.
-    ``hierarchy``: where to make the tree's cgroup leaf; None to walk /proc
-    (this process then becomes a child subreaper).
+    ``containment``: where the tree lives (:func:`~hold_supervisor.spawn.containment.choose`);
+    default the walk of /proc. Either way this process becomes a child subreaper.
     """
 
     def __init__(
@@ -71,7 +71,7 @@ class Foreground:
         timeout: float | None = None,
         grace: float = 10.0,
         stop_signal: int = signal.SIGTERM,
-        hierarchy: cg.Hierarchy | None = None,
+        containment: Containment | None = None,
         interactive: bool = False,
     ) -> None:
         self.argv = list(argv)
@@ -81,7 +81,7 @@ class Foreground:
         self.timeout = timeout
         self.grace = grace
         self.stop_signal = stop_signal
-        self.containment = Containment(hierarchy)
+        self.containment = containment if containment is not None else WalkContainment()
         self.interactive = interactive
         self.leaf: cg.Leaf | None = None
         self.child: Child | None = None
@@ -89,15 +89,6 @@ class Foreground:
         self.started = 0.0
         self._prepared = False
         self._ran = False
-
-    @property
-    def hierarchy(self) -> cg.Hierarchy | None:
-        """Where leaves are made (None: the walk); set to None to fall back to the walk."""
-        return self.containment.hierarchy
-
-    @hierarchy.setter
-    def hierarchy(self, hierarchy: cg.Hierarchy | None) -> None:
-        self.containment = Containment(hierarchy)
 
     @contextlib.contextmanager
     def until_run(self) -> Iterator[None]:
@@ -109,32 +100,14 @@ class Foreground:
             if not self._ran:
                 self.discard()
 
-    def prepare(self) -> cg.Leaf | None:
-        """Create the cgroup leaf (if any) before the spawn; the caller may register it."""
+    def prepare(self, mode: str = "auto") -> cg.Leaf | None:
+        """Create the tree's home (a cgroup leaf, or none) before the spawn; the caller
+        may register it. ``mode``: the configured ``cgroups:``; under ``auto`` a leaf
+        that cannot be made gives way to the walk (:func:`first_home`), under
+        ``required`` :class:`~hold_supervisor.proc.cgroup.CgroupUnavailable` says why."""
         self._prepared = True
-        self.leaf = self.containment.home(f"hold-{self.tree_id}")
+        self.containment, self.leaf = first_home(self.containment, f"hold-{self.tree_id}", mode)
         return self.leaf
-
-    def walk_note(self, cgroups: str = "auto") -> str:
-        """What to tell a user whose command is tracked without a cgroup leaf
-        (``hold run -v`` says it once): the limit of the walk, and why no leaf.
-
-        ``cgroups`` is the configured mode (``off`` is a choice, not a lack).
-        """
-        if cgroups == "off":
-            why = "cgroups: off"
-        else:
-            try:
-                cg.Hierarchy.find()
-                why = "no cgroup leaf could be made"
-            except cg.CgroupUnavailable as e:
-                why = str(e)
-        return (
-            f"no cgroup for this command ({why}): its tree is found by walking /proc; a "
-            "descendant that leaves the session and clears HOLD_TREE is found through the "
-            "subreapers it is re-parented to -- this process, and a keeper above it that ends "
-            "the tree if this process is killed (see 'How a tree is stopped' in the README)"
-        )
 
     def discard(self) -> None:
         """Undo :meth:`prepare` when the command will not be run after all."""
@@ -169,8 +142,8 @@ class Foreground:
                 leaf=self.leaf,
                 adopts_orphans=True,  # the only tree of this subreaper (Containment.home)
                 owned=owned_pids(),
-                # Spawned into it: its looks read the leaf, not every process.
-                born_in_leaf=self.leaf is not None,
+                # Spawned into its leaf (if any): its looks read the leaf, not every process.
+                born_in_leaf=True,
             )
             if self.interactive:
                 self._give_terminal(child.pid)

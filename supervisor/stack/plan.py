@@ -29,6 +29,7 @@ from hold_supervisor.safefile import (
     write_atomic,
 )
 from hold_supervisor.spawn.child import Child, SpawnError, resolve, spawn
+from hold_supervisor.spawn.containment import leaf_path
 from hold_supervisor.stack import readiness
 from hold_supervisor.stack.notify import NotifyProbe, NotifySocket
 from hold_supervisor.stack.state import StackError, StackState
@@ -336,8 +337,7 @@ def remove_leaves(st: StackState) -> None:
         try:
             st.containment.release(u.leaf)
         except OSError as e:
-            assert u.leaf is not None
-            st.say(f"{u.name}: cgroup leaf {u.leaf.path} not removed: {e}")
+            st.say(f"{u.name}: cgroup leaf {leaf_path(u.leaf)} not removed: {e}")
         u.leaf = None
 
 

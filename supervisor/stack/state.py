@@ -20,7 +20,7 @@ from typing import NamedTuple
 from hold_supervisor.cause import Cause
 from hold_supervisor.errors import SupervisorError
 from hold_supervisor.exitcodes import USAGE
-from hold_supervisor.proc.cgroup import Hierarchy, Leaf
+from hold_supervisor.proc.cgroup import Leaf
 from hold_supervisor.proc.identity import read_stat
 from hold_supervisor.proc.stop import StopReport, Survivor
 from hold_supervisor.proc.tree import Tree
@@ -58,8 +58,9 @@ class StackState:
     """One run of a stack file: what every part of it reads and writes.
 
     ``run_dir``: the stack's directory (logs, control socket, lock).
-    ``hierarchy``: where to make cgroup leaves; None to walk /proc (this
-    process then becomes a child subreaper). ``environ``: what ``pass_env``
+    ``containment``: where the units' trees live, cgroup leaves or the walk
+    (:func:`~hold_supervisor.spawn.containment.choose`; this process becomes a
+    child subreaper either way). ``environ``: what ``pass_env``
     names are taken from. ``extra_env``: set for every unit, over its own
     ``env`` (the ticket's variables). ``extra``: descriptors to watch, each
     with a function that may return a :class:`Cause` to stop. ``run_for``:
@@ -78,7 +79,7 @@ class StackState:
         spec: StackSpec,
         *,
         run_dir: str,
-        hierarchy: Hierarchy | None,
+        containment: Containment,
         environ: Mapping[str, str],
         extra_env: Mapping[str, str] | None = None,
         display: Display | None = None,
@@ -94,8 +95,7 @@ class StackState:
         self.spec = spec
         self.name = spec.name
         self.run_dir = run_dir
-        self.hierarchy = hierarchy
-        self.containment = Containment(hierarchy)  # the one place that says leaf or walk
+        self.containment = containment
         self.environ = environ
         self.extra_env = dict(extra_env or {})
         self.display = display or Display()

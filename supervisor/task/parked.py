@@ -50,12 +50,13 @@ class Parked:
 
 class Parking:
     """At most one stub parked for the next call, in a new home of ``calls`` (a
-    leaf inside the unit's); none when calls are not contained (no leaf: no
-    move to save time on). Its methods may be called from any thread."""
+    leaf inside the unit's); none where a spawn joins no leaf (no move to save
+    time on), nor when not ``on``. Its methods may be called from any thread."""
 
-    def __init__(self, launch: Launch, calls: Containment) -> None:
+    def __init__(self, launch: Launch, calls: Containment, *, on: bool = True) -> None:
         self.launch = launch
         self.calls = calls
+        self.on = on and calls.joins_leaf
         self._lock = threading.Lock()
         self._parked: Parked | None = None
         self._parking = False  # a refill is under way (one at a time)
@@ -63,7 +64,7 @@ class Parking:
 
     def refill(self) -> None:
         """Park a stub for the next call, if there is none and we are not closed."""
-        if not self.calls.contained:
+        if not self.on:
             return
         with self._lock:
             if self._closed or self._parked is not None or self._parking:
@@ -125,7 +126,7 @@ class Parking:
             leaf = self.calls.home(f"hold-{os.urandom(6).hex()}")
         except CgroupUnavailable:
             return None  # the cold path will say why
-        assert leaf is not None  # refill parks only when calls are contained
+        assert leaf is not None  # refill parks only where calls join a leaf
         pipes = Pipes()
         try:
             in_r, in_w = pipes.make()

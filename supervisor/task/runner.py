@@ -210,8 +210,7 @@ class _Running:
         report = stop_tree(tree, sig=self.launch.stop_signal, grace=self.launch.grace)
         returncode = self.child.collect()
         drain(self.readers, time.monotonic() + _DRAIN_AFTER_STOP)
-        if tree.leaf is None:
-            reap_orphans_of(tree)
+        reap_orphans_of(tree)  # ours, leaf or not: a subreaper either way (Containment.home)
         wall = time.monotonic() - self.t0
         survivors = tuple(report.survivors)
         code = exit_code(outcome, returncode, bool(survivors))

@@ -37,8 +37,8 @@ from typing import Any
 from hold_supervisor.environ import minimal_env
 from hold_supervisor.exitcodes import CANCELLED, TOOL
 from hold_supervisor.parse import format_cpus
-from hold_supervisor.proc.cgroup import CgroupUnavailable, Leaf, hierarchy_for
-from hold_supervisor.spawn.containment import Containment
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Leaf
+from hold_supervisor.spawn.containment import Containment, choose, first_home, within
 from hold_supervisor.stackfile.spec import ArgSpec, UnitSpec, fill
 from hold_supervisor.states import CallState, UnitState
 from hold_supervisor.task.args import (
@@ -73,10 +73,12 @@ class TaskRunner:
     ``env``: the task's whole environment (built by :func:`minimal_env`,
     carrying the unit's ``HOLD_TREE`` marker); each call adds
     ``HOLD_CALL=<id>``. ``leaf``: the unit's cgroup leaf, inside which each
-    call gets its own; None to find calls by walking /proc (the caller is
-    then expected to be a child subreaper). ``log``: where each call's record
-    goes (one JSON line). ``on_end``: told each result (in the call's thread).
-    ``cwd``: each call's working directory.
+    call gets its own; None to find calls by walking /proc (the calls follow
+    the unit's choice: :func:`~hold_supervisor.spawn.containment.within`; either
+    way this process becomes a child subreaper, by the first call at the
+    latest). ``log``: where each call's record goes (one JSON line).
+    ``on_end``: told each result (in the call's thread). ``cwd``: each call's
+    working directory.
     """
 
     def __init__(
@@ -104,7 +106,7 @@ class TaskRunner:
         self.concurrency = spec.concurrency or 1
         self.arg_specs: dict[str, ArgSpec] = dict(spec.args or {})
         self.leaf = leaf
-        self.calls = Containment.inside(leaf)  # each call in a leaf inside the unit's
+        self.calls = within(leaf)  # each call in a leaf inside the unit's (or walked)
         self.log = log
         self.on_end = on_end
         sig, grace = spec.stop.signal, spec.stop.grace
@@ -114,10 +116,10 @@ class TaskRunner:
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._closed = False
-        self._owned_leaf: tuple[Containment, Leaf] | None = None
+        self._owned_home: tuple[Containment, Leaf | None] | None = None
         self.finished = 0
-        # Parks in cgroup mode only, and not for a task with a scratch per call.
-        self._stubs = Parking(self._launch, Containment(None) if spec.scratch else self.calls)
+        # Not for a task with a scratch per call (its environment is the call's).
+        self._stubs = Parking(self._launch, self.calls, on=not spec.scratch)
         self._stubs.refill()
 
     # ------------------------------------------------------------------ embedding
@@ -155,22 +157,18 @@ class TaskRunner:
             pass_names=spec.pass_env,
             extra={**spec.env, **(extra_env or {}), "HOLD_UNIT": name},
         )
-        home = Containment(hierarchy_for(cgroups))
+        containment = choose(cgroups)
         # The log before the leaf: a link planted there is refused (UnsafePath)
         # before anything is made.
         log = RotatingLog(log_path) if log_path is not None else None
         try:
-            leaf = home.home(f"hold-{tree_id}")
+            containment, leaf = first_home(containment, f"hold-{tree_id}", cgroups)
         except CgroupUnavailable:
-            if cgroups == "required":
-                if log is not None:
-                    log.close()
-                raise
-            home = Containment(None)  # auto: the walk instead
-            leaf = home.home(f"hold-{tree_id}")
+            if log is not None:
+                log.close()
+            raise
         runner = cls(name, spec, env=env, argv=argv, leaf=leaf, log=log, on_end=on_end)
-        if leaf is not None:
-            runner._owned_leaf = (home, leaf)
+        runner._owned_home = (containment, leaf)
         return runner
 
     @classmethod
@@ -294,11 +292,11 @@ class TaskRunner:
             if c.done():
                 results.append(c.result())
         self._stubs.close()  # no call is left to refill it
-        if self._owned_leaf is not None:
-            home, leaf = self._owned_leaf
+        if self._owned_home is not None:
+            containment, leaf = self._owned_home
             if not any(r.survivors for r in results):
-                home.release(leaf)
-            self._owned_leaf = None
+                containment.release(leaf)
+            self._owned_home = None
         if self.log is not None:
             with self._log_lock:
                 self.log.close()
@@ -347,12 +345,10 @@ class TaskRunner:
             finally:
                 parked.pipes.close_all()
                 self.calls.release(parked.leaf, only_if_empty=True)
-        leaf = None
-        if self.calls.contained:
-            try:
-                leaf = self.calls.home(f"hold-{call.id}")
-            except CgroupUnavailable as e:
-                return call.failed(TOOL, f"cgroups: {e}", queued)
+        try:
+            leaf = self.calls.home(f"hold-{call.id}")
+        except CgroupUnavailable as e:
+            return call.failed(TOOL, f"cgroups: {e}", queued)
         try:
             if self.spec.scratch is not None:
                 return run_in_scratch(self._launch, call, leaf, queued, self.spec.scratch)
