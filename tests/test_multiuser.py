@@ -288,7 +288,7 @@ def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None
     )
     world.ready("A")
     rec = wait_for(lambda: devlock.read_owner(str(world.lock_file())), 10, what="A's lock record")
-    assert rec["user"] == a_user and rec["label"] == "A"
+    assert rec.user == a_user and rec.label == "A"
 
     # B forges a token naming B's own shell in a directory B controls.
     forged = world.base / "forged"
