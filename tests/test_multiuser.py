@@ -315,7 +315,7 @@ def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None
     assert (forged / "npu-0.token").exists()
 
     # B cannot end A's lease: B's arbiter does not know it, and A's is not B's to ask.
-    res = world.run(b_user, "release", rec["lease"])
+    res = world.run(b_user, "release", rec.lease)
     assert res.returncode == 2 and "no live lease" in res.stderr, res.stderr
     assert (world.work / "A.ready").exists() and not (world.work / "A.go").exists()
     assert devlock.is_locked(str(world.lock_file()))
