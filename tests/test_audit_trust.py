@@ -12,6 +12,7 @@ from pathlib import Path
 from conftest import HOLD, PROGS, wait_for
 
 from hold.daemon.tokens import render
+from hold.leases import LeaseRecord
 
 HOLDER = str(PROGS / "node_holder.py")
 
@@ -44,7 +45,7 @@ def test_a_forged_token_does_not_cover_a_stray(tmp_path: Path) -> None:
             "leaves": [],
             "trees": [],
         }
-        (state / "fake-0.token").write_bytes(render("fake", forged))
+        (state / "fake-0.token").write_bytes(render("fake", LeaseRecord.from_json(forged)))
         res = subprocess.run(
             [*HOLD, "audit", "--json", "--device", "fake"],
             capture_output=True,

@@ -288,7 +288,7 @@ def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None
     )
     world.ready("A")
     rec = wait_for(lambda: devlock.read_owner(str(world.lock_file())), 10, what="A's lock record")
-    assert rec["user"] == a_user and rec["label"] == "A"
+    assert rec.user == a_user and rec.label == "A"
 
     # B forges a token naming B's own shell in a directory B controls.
     forged = world.base / "forged"
@@ -315,7 +315,7 @@ def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None
     assert (forged / "npu-0.token").exists()
 
     # B cannot end A's lease: B's arbiter does not know it, and A's is not B's to ask.
-    res = world.run(b_user, "release", rec["lease"])
+    res = world.run(b_user, "release", rec.lease)
     assert res.returncode == 2 and "no live lease" in res.stderr, res.stderr
     assert (world.work / "A.ready").exists() and not (world.work / "A.go").exists()
     assert devlock.is_locked(str(world.lock_file()))

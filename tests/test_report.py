@@ -17,6 +17,7 @@ from conftest import HOLD, PROGS, wait_for
 
 from hold.daemon import history
 from hold.daemon.report import build
+from hold.documents import HistoryLease, LeaseEnd
 
 NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
 HOLDER = str(PROGS / "node_holder.py")
@@ -141,13 +142,30 @@ def test_history_is_bounded_and_rotated(tmp_path: Path) -> None:
     tmp_path.mkdir()
     h = history.History(str(tmp_path), max_bytes=2000)
     for n in range(200):
-        h.append({"kind": "lease", "n": n, "ended": 1000.0 + n})
+        h.append(
+            HistoryLease(
+                str(n),
+                "u",
+                1,
+                "npu",
+                (0,),
+                "l",
+                False,
+                None,
+                999.0,
+                1000.0 + n,
+                LeaseEnd.ENDED,
+                None,
+                None,
+            )
+        )
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["history.jsonl", "history.jsonl.1"]  # one old file kept, no more
     assert all((tmp_path / f).stat().st_size <= 2000 for f in files)
-    kept = [e["n"] for e in history.read(str(tmp_path))]
+    kept = [int(e["lease"]) for e in history.read(str(tmp_path))]
     assert kept == list(range(kept[0], 200)) and len(kept) < 200  # the newest, in order
-    assert [e["n"] for e in history.read(str(tmp_path), since=1195.0)] == [195, 196, 197, 198, 199]
+    since = history.read(str(tmp_path), since=1195.0)
+    assert [int(e["lease"]) for e in since] == [195, 196, 197, 198, 199]
     assert oct((tmp_path / "history.jsonl").stat().st_mode & 0o777) == "0o600"
 
 

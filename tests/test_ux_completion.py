@@ -76,7 +76,14 @@ def stack(tmp_path: Path) -> str:
     run_dir = state / "stacks" / "comptest"
     (run_dir / "logs").mkdir(parents=True)
     (tmp_path / "stack.yaml").write_text(STACK)
-    record = {"name": "comptest", "pid": 1, "file": str(tmp_path / "stack.yaml")}
+    # As a hold before hold_supervisor.documents wrote it (no kind, no version).
+    record = {
+        "name": "comptest",
+        "pid": 1,
+        "file": str(tmp_path / "stack.yaml"),
+        "started": 1.0,
+        "state": "running",
+    }
     (run_dir / "stack.json").write_text(json.dumps(record))
     (state / "stacks" / "other").mkdir()
     return "comptest"

@@ -111,13 +111,11 @@ def unit_names(stack: str, kind: str | None = None) -> list[str]:
         return []
     run_dir = os.path.join(base, stack)
     try:
-        import json
-
-        with open(os.path.join(run_dir, "stack.json"), encoding="utf-8") as f:
-            path = json.load(f)["file"]
+        from hold_supervisor.documents import StackRecord
         from hold_supervisor.stackfile.load import load
 
-        units = load(str(path)).units
+        path = StackRecord.read(os.path.join(run_dir, "stack.json")).file
+        units = load(path).units
         return sorted(n for n, u in units.items() if kind is None or u.kind == kind)
     except Exception:  # a stack file gone, edited or broken: fall back to the logs
         pass

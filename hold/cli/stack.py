@@ -37,6 +37,7 @@ from hold.cli.stackdir import (
 )
 from hold.cli.up import main_up
 from hold.cli.validate import main_validate
+from hold_supervisor.documents import StackRecord
 from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
 from hold_supervisor.parse import BadValue, format_duration
 from hold_supervisor.proc import usage
@@ -139,14 +140,12 @@ def public(ans: dict[str, Any]) -> dict[str, Any]:
     return {"version": PS_VERSION, **{k: v for k, v in ans.items() if k not in _WIRE}}
 
 
-def _record(name: str) -> dict[str, Any]:
-    """The stack's ``stack.json`` (its file, when it started), or {}."""
+def _record(name: str) -> StackRecord | None:
+    """The stack's ``stack.json`` (its file, when it started), or None."""
     try:
-        with open(os.path.join(run_dir_of(open_sd(), name), "stack.json"), "rb") as f:
-            rec = json.loads(f.read(1 << 16))
-    except (OSError, ValueError, BadValue):
-        return {}
-    return rec if isinstance(rec, dict) else {}
+        return StackRecord.read(os.path.join(run_dir_of(open_sd(), name), "stack.json"))
+    except (OSError, ValueError, BadValue):  # BadDocument and UnsafePath among them
+        return None
 
 
 def _table(rows: list[list[str]], flex: tuple[int, ...] = (), drop: tuple[int, ...] = ()) -> str:
@@ -180,9 +179,8 @@ def _print_stacks(stacks: list[dict[str, Any]], silent: list[str]) -> None:
         rec = _record(name)
         pid = supervisor_of(name)
         unknown = ["?"] * len(usage.HEAD)
-        rows.append(
-            [name, str(pid or "?"), "?", "?", *unknown, "not answering", str(rec.get("file", "?"))]
-        )
+        file = "?" if rec is None else rec.file
+        rows.append([name, str(pid or "?"), "?", "?", *unknown, "not answering", file])
     rows[1:] = sorted(rows[1:])
     print(_table(rows, flex=(len(rows[0]) - 1,)))
 

@@ -15,15 +15,15 @@ background supervisor of ``hold up --detach``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from hold.cli.stackdir import run_dir_of, say
+from hold.documents import UpStatus
 from hold.protocol import Ev
 from hold_supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
 
@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 class UpSettings(NamedTuple):
     """What a stack's run takes from the configuration, resolved once by the
-    command: a background supervisor gets these (JSON) and reads no YAML.
+    command: a background supervisor gets these (:class:`hold.documents.UpHandOver`)
+    and reads no YAML.
 
     ``digest``: the configuration's fingerprint (a stack with a ticket must be
     granted by a daemon that reads the same file); ``device``: the ticket's class
@@ -61,12 +62,6 @@ class UpSettings(NamedTuple):
         classes = classes_from_config(cfg.devices, cfg.path)
         device = parse_device_spec(spec.hold.device, classes, what="device")
         return cls(cfg.cgroups, fingerprint(cfg.path), device)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> UpSettings:
-        dev = data.get("device")
-        device = (str(dev[0]), None if dev[1] is None else tuple(dev[1])) if dev else None
-        return cls(str(data["cgroups"]), data.get("digest"), device)
 
 
 def run_up(
@@ -108,7 +103,7 @@ class StatusPipe:
         with self.lock:
             if self.fd >= 0:
                 try:
-                    os.write(self.fd, json.dumps({"line": text}).encode() + b"\n")
+                    os.write(self.fd, UpStatus(line=text).encode())
                     return
                 except OSError:
                     self._close()
@@ -118,7 +113,7 @@ class StatusPipe:
         with self.lock:
             if self.fd >= 0:
                 try:
-                    os.write(self.fd, b'{"ready": true}\n')
+                    os.write(self.fd, UpStatus(ready=True).encode())
                 except OSError:
                     pass
                 self._close()

@@ -3,9 +3,10 @@
 The command (:class:`Starter`, in :func:`hold.cli.up.main_up`) forks the
 supervisor (or starts ``python -P -m hold.cli.upchild SPEC_FD STATUS_FD``) *before*
 it reads the stack file, so that the supervisor's imports overlap the
-validation. Once the file is checked, it writes the resolved stack on SPEC_FD as one JSON document
-(``{"spec", "settings", "run_for"}``: :func:`hold_supervisor.stackfile.spec.to_json` and
-:class:`hold.cli.stackrun.UpSettings`) and reads STATUS_FD (:class:`hold.cli.stackrun.StatusPipe`)
+validation. Once the file is checked, it writes the resolved stack on SPEC_FD as one
+:class:`hold.documents.UpHandOver` (:func:`hold_supervisor.stackfile.spec.to_json`, the
+settings of :class:`hold.cli.stackrun.UpSettings`, ``--for``) and reads STATUS_FD
+(:class:`hold.cli.stackrun.StatusPipe`, :class:`hold.documents.UpStatus` lines)
 until the stack is up or has failed. An empty SPEC_FD (the command refused the
 file, or died) ends the supervisor before it did anything.
 
@@ -18,13 +19,13 @@ shared) saves about 25 ms of ``hold up --detach`` on a 2-core machine.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from hold.cli.stackrun import UpSettings
+    from hold.documents import UpHandOver
     from hold_supervisor.stackfile.spec import StackSpec
 
 
@@ -63,33 +64,35 @@ class Starter:
 
     def hand_over(self, spec: StackSpec, settings: UpSettings, run_for: float | None) -> int:
         """Send the stack; 0 once it is up, else the supervisor's exit status."""
+        from hold.documents import UpHandOver
         from hold_supervisor.stackfile.spec import to_json
 
-        doc = {"spec": to_json(spec), "settings": settings._asdict(), "run_for": run_for}
+        doc = UpHandOver(to_json(spec), *settings, run_for)
         try:
             with os.fdopen(self.spec_w, "wb") as f:
-                f.write(json.dumps(doc).encode())
+                f.write(doc.encode())
         except BrokenPipeError:
             pass  # it died: its status says why
         return self._follow(spec.name)
 
     def _follow(self, name: str) -> int:
         from hold.cli.stackdir import say
+        from hold.documents import BadDocument, UpStatus
 
         with os.fdopen(self.status_r, "rb") as f:
             for raw in f:
                 try:
-                    msg = json.loads(raw)
-                except ValueError:
+                    msg = UpStatus.decode(raw, "hold up's status pipe")
+                except BadDocument:
                     continue
-                if msg.get("ready"):
+                if msg.ready:
                     say(
                         f"stack {name} is up in the background (pid {self.pid}); "
                         f"hold ps {name}, hold logs {name} UNIT, hold down {name}"
                     )
                     return 0  # it runs on without us (not ours to reap)
-                if "line" in msg:
-                    print(msg["line"], file=sys.stderr, flush=True)
+                if msg.line is not None:
+                    print(msg.line, file=sys.stderr, flush=True)
         return self._wait()
 
     def _wait(self) -> int:
@@ -179,11 +182,12 @@ def main(argv: list[str]) -> int:
         data = f.read()
     if not data:
         return 0
-    doc = json.loads(data)
-    return _run(doc, status_fd)
+    from hold.documents import UpHandOver
+
+    return _run(UpHandOver.decode(data, "hold up's hand-over"), status_fd)
 
 
-def _run(doc: dict[str, object], status_fd: int) -> int:
+def _run(doc: UpHandOver, status_fd: int) -> int:
     from hold.cli.stackdir import open_sd, run_dir_of
     from hold.cli.stackrun import StatusPipe, UpSettings, run_up
     from hold_supervisor.exitcodes import USAGE
@@ -191,10 +195,8 @@ def _run(doc: dict[str, object], status_fd: int) -> int:
     from hold_supervisor.safefile import UnsafePath, ensure_dir, open_for_append
     from hold_supervisor.stackfile.spec import from_json
 
-    assert isinstance(doc["spec"], dict) and isinstance(doc["settings"], dict)
-    spec = from_json(doc["spec"])
-    settings = UpSettings.from_json(doc["settings"])
-    run_for = doc.get("run_for")
+    spec = from_json(doc.spec)
+    settings = UpSettings(doc.cgroups, doc.digest, doc.device)
     try:
         sd = open_sd()
         run_dir = run_dir_of(sd, spec.name)
@@ -208,8 +210,7 @@ def _run(doc: dict[str, object], status_fd: int) -> int:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    seconds = float(run_for) if isinstance(run_for, (int, float)) else None
-    return run_up(spec, sd, settings, seconds, status_fd)
+    return run_up(spec, sd, settings, doc.run_for, status_fd)
 
 
 if __name__ == "__main__":

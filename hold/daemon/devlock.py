@@ -15,8 +15,9 @@ client leaves it with the daemon until the tree is stopped, a SIGKILLed
 daemon leaves it with the client until a new daemon takes it back. No single
 SIGKILL frees a device whose lease's tree may still run.
 
-The file's content says whose lease it is (uid, user, holder pid and start
-time, since, until, lease id; the label only where the owner allows it), so
+The file's content says whose lease it is (:class:`hold.documents.LockRecord`:
+uid, user, holder pid and start time, since, until, lease id; the label only
+where the owner allows it), so
 that a waiter served by another arbiter can be told who is in the way. The
 content informs; only the kernel lock decides.
 """
@@ -25,15 +26,15 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
-import math
 import os
 import queue
 import stat
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from hold.documents import BadDocument, LockRecord
 from hold.errors import HoldError
 from hold_supervisor.parse import BadValue
 from hold_supervisor.proc import scan
@@ -45,7 +46,7 @@ from hold_supervisor.proc.identity import user_name
 # file under a holder. /run/lock first: /tmp may be private to a service
 # (systemd's PrivateTmp), and then two arbiters would not meet.
 LOCK_DIRS = ("/run/lock", "/dev/shm", "/tmp")
-MAX_RECORD = 4096
+MAX_RECORD = LockRecord.MAX_SIZE
 
 
 class LockUnusable(HoldError):
@@ -196,18 +197,22 @@ def same_file(fd: int, path: str) -> bool:
     return stat.S_ISREG(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def write_owner(fd: int, record: dict[str, Any]) -> None:
+def write_owner(fd: int, record: LockRecord) -> None:
     """Say whose lease holds the lock (only the lock's holder calls this)."""
-    data = (json.dumps(record, sort_keys=True) + "\n").encode()[:MAX_RECORD]
+    data = record.encode()
+    if len(data) > LockRecord.MAX_SIZE:  # a long label: said without it, never cut short
+        data = replace(record, label=None).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
 
 
-def read_owner(path: str) -> dict[str, Any] | None:
-    """What the lock file says of its holder; None if absent or not a record.
+def read_owner(path: str) -> LockRecord | None:
+    """What the lock file says of its holder; None if absent or not a record
+    (:class:`hold.documents.LockRecord`, of this daemon or an older one).
 
-    Anyone may write the file, so every field is checked before use and none
-    of it authorises anything.
+    Anyone may write the file: it is read without following a link or
+    waiting on a FIFO, at most :data:`MAX_RECORD` bytes, decoded strictly,
+    and none of it authorises anything.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -217,38 +222,14 @@ def read_owner(path: str) -> dict[str, Any] | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         raw = os.pread(fd, MAX_RECORD, 0)
+    except OSError:
+        return None
     finally:
         os.close(fd)
     try:
-        rec = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        return LockRecord.decode(raw, path)
+    except BadDocument:
         return None
-    if not isinstance(rec, dict):
-        return None
-    out: dict[str, Any] = {}
-    for name, kind in (
-        ("uid", int),
-        ("pid", int),
-        ("start", int),
-        ("daemon_pid", int),
-        ("since", float),
-        ("until", float),
-        ("user", str),
-        ("lease", str),
-        ("label", str),
-        ("cls", str),
-        ("arbiter", str),
-    ):
-        value = rec.get(name)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, float) and not math.isfinite(value):
-            continue  # NaN or infinity: no time anyone could show
-        if isinstance(value, int) and not -(2**63) <= value < 2**63:
-            continue
-        if isinstance(value, kind) and not isinstance(value, bool):
-            out[name] = value[:200] if isinstance(value, str) else value
-    return out
 
 
 def owner_of(path: str) -> dict[str, Any]:
@@ -259,7 +240,8 @@ def owner_of(path: str) -> dict[str, Any]:
     in the record holds it otherwise -- a plain ``flock``, or a record
     overwritten by someone else -- and that process is what is said, with
     ``"foreign": True``."""
-    rec = read_owner(path) or {}
+    owner = read_owner(path)
+    rec: dict[str, Any] = {} if owner is None else owner.body()
     try:
         st = os.stat(path, follow_symlinks=False)
     except OSError:

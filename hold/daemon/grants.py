@@ -21,6 +21,7 @@ from hold.daemon.ledger import Lease, SessionRec, TreeRec
 from hold.daemon.schedule import plan
 from hold.daemon.state import DaemonState, label_for, refuse
 from hold.daemon.tokens import UnsafePath, remove_owned
+from hold.documents import LockRecord
 from hold.errors import describe
 from hold.protocol import Ev
 from hold_supervisor.exitcodes import TOOL, USAGE
@@ -363,24 +364,22 @@ class Grants:
         self.st.save()
         self.schedule(cls)
 
-    def _lock_record(self, s: SessionRec) -> dict[str, Any]:
+    def _lock_record(self, s: SessionRec) -> LockRecord:
         """What a lock file says of its lease, for waiters served by other arbiters."""
         assert s.lease is not None
-        rec = {
-            "uid": s.uid,
-            "user": s.user,
-            "pid": s.owner_pid,
-            "start": s.owner_start,
-            "since": s.lease.granted,
-            "until": s.lease.expires,
-            "lease": s.lease.lease_id,
-            "cls": s.lease.cls,
-            "arbiter": self.st.sd.path,
-            "daemon_pid": os.getpid(),
-        }
-        if not s.lease.private:
-            rec["label"] = s.lease.label
-        return rec
+        return LockRecord(
+            s.uid,
+            s.user,
+            s.owner_pid,
+            s.owner_start,
+            s.lease.granted,
+            s.lease.expires,
+            s.lease.lease_id,
+            s.lease.cls,
+            self.st.sd.path,
+            os.getpid(),
+            None if s.lease.private else s.lease.label,
+        )
 
     # ------------------------------------------------------ what waiters see
 

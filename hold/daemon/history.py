@@ -1,17 +1,20 @@
 """The daemon's history (``history.jsonl`` beside its state): what ``hold report`` reads.
 
-One JSON object per line, of two kinds:
+One JSON object per line (a document of :mod:`hold.documents`, its ``kind``
+and ``version`` in it; an older daemon's lines, without the version, are
+read as version 0), of two kinds:
 
-* ``{"kind": "lease", ...}`` when a lease ends: lease id, user, uid, class,
-  devices, label, private, requested (when its request arrived; None after a
-  daemon restart), granted, ended, ``end`` (``ended``: its holder ended it;
-  ``expired``: its time limit did; ``released``: ``hold release``, ``by``
-  whom; ``lifeline``: its client's connection dropped; ``owner_exited``,
-  ``recovered``), and ``held`` (seconds a scan saw its nodes held; None
-  where nothing was scanned, see :mod:`hold.daemon.usage`).
-* ``{"kind": "stray", ...}`` the first time a scan of the daemon saw a
-  process outside any lease hold a device node: class, device, pid, uid,
-  user, command, memory_bytes, seen.
+* ``{"kind": "lease", ...}`` (:class:`hold.documents.HistoryLease`) when a lease
+  ends: lease id, user, uid, class, devices, label, private, requested (when its
+  request arrived; None after a daemon restart), granted, ended, ``end``
+  (``ended``: its holder ended it; ``expired``: its time limit did;
+  ``released``: ``hold release``, ``by`` whom; ``lifeline``: its client's
+  connection dropped; ``owner_exited``, ``recovered``), and ``held`` (seconds a
+  scan saw its nodes held; None where nothing was scanned, see
+  :mod:`hold.daemon.usage`).
+* ``{"kind": "stray", ...}`` (:class:`hold.documents.HistoryStray`) the first
+  time a scan of the daemon saw a process outside any lease hold a device node:
+  class, device, pid, uid, user, command, memory_bytes, seen.
 
 Bounded: past :data:`MAX_BYTES` the file is renamed ``history.jsonl.1``
 (replacing the older one) and a new one begun, so at most twice that is kept.
@@ -20,11 +23,11 @@ Opened only through :mod:`hold_supervisor.safefile` (no link, ours).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
+from hold.documents import BadDocument, HistoryLease, HistoryStray
 from hold_supervisor.safefile import UnsafePath, open_for_read
 from hold_supervisor.unitlog import RotatingLog
 
@@ -42,8 +45,8 @@ class History:
         self._log: RotatingLog | None = None
         self.failed: str | None = None  # why entries are not written
 
-    def append(self, entry: dict[str, Any]) -> None:
-        line = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+    def append(self, entry: HistoryLease | HistoryStray) -> None:
+        line = entry.text()
         try:
             if self._log is None:  # opened at the first entry: no file for a daemon unused
                 self._log = RotatingLog(self.path, max_bytes=self.max_bytes, keep=1)
@@ -72,12 +75,15 @@ def _entries(path: str) -> Iterator[dict[str, Any]]:
     except FileNotFoundError:
         return
     with os.fdopen(fd, "rb") as f:
-        for raw in f:
+        for n, raw in enumerate(f, 1):
             if len(raw) > MAX_ENTRY:
                 continue
             try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue  # a line cut by a crash mid-write
-            if isinstance(entry, dict) and entry.get("kind") in ("lease", "stray"):
-                yield entry
+                value = HistoryLease.parse(raw, f"{path}:{n}")
+                kind = value.get("kind") if isinstance(value, dict) else None
+                doc = (HistoryStray if kind == HistoryStray.KIND else HistoryLease).from_value(
+                    value, f"{path}:{n}"
+                )
+            except BadDocument:
+                continue  # a line cut by a crash mid-write, or not ours
+            yield doc.to_json()

@@ -1,23 +1,17 @@
 """What the daemon must not forget: sessions, their leases and their trees.
 
-Written to ``state.json`` (atomically: temp file and rename) *before* the daemon acts on
-it: before a grant is sent, before a tree registration is acknowledged. A
-daemon that is SIGKILLed and started again reads it back, so no device is
-granted twice and no registered tree loses its guardian.
-"""
+Written to ``state.json`` (:class:`hold.documents.LedgerState`; atomically: temp
+file and rename) *before* the daemon acts on it: before a grant is sent, before
+a tree registration is acknowledged. A daemon that is SIGKILLed and started
+again reads it back, so no device is granted twice and no registered tree loses
+its guardian."""
 
 from __future__ import annotations
 
-import json
-import os
-from enum import StrEnum
-from typing import Any
-
-from hold_supervisor.safefile import open_for_read, write_atomic
+from hold.documents import LeaseEntry, LeaseState, LedgerState, SessionEntry, TreeEntry
+from hold_supervisor.safefile import write_atomic
 
 HOLDER_ENDED = "ended by its holder"  # why a session ends when its own client says `end`
-
-VERSION = 1
 
 
 class TreeRec:
@@ -35,23 +29,23 @@ class TreeRec:
         self.pgid: int | None = None
         self.sid: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
+    def entry(self) -> TreeEntry:
+        return TreeEntry(
+            self.tree_id,
+            self.leaf,
+            self.since,
+            self.grace,
+            self.root_pid,
+            self.root_start,
+            self.pgid,
+            self.sid,
+        )
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> TreeRec:
-        t = cls(d["tree_id"], d["leaf"], d["since"], float(d.get("grace", 10.0)))
-        for k in ("root_pid", "root_start", "pgid", "sid"):
-            setattr(t, k, d.get(k))
+    def of(cls, e: TreeEntry) -> TreeRec:
+        t = cls(e.tree_id, e.leaf, e.since, e.grace)
+        t.root_pid, t.root_start, t.pgid, t.sid = e.root_pid, e.root_start, e.pgid, e.sid
         return t
-
-
-class LeaseState(StrEnum):
-    """Where a lease stands; saved in ``state.json`` and shown as its string."""
-
-    ACTIVE = "active"  # granted, within its time limit
-    EXPIRED = "expired"  # past its time limit, the client told: it stops within the grace
-    ENDING = "ending"  # its trees are being stopped; its devices are not handed on yet
 
 
 class Lease:
@@ -89,22 +83,24 @@ class Lease:
         self.state = LeaseState.ACTIVE  # -> EXPIRED (client told) -> ENDING (trees stopping)
         self.private = False  # the label is shown to its owner and root only
 
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
+    def entry(self) -> LeaseEntry:
+        return LeaseEntry(
+            self.lease_id,
+            self.cls,
+            tuple(self.devices),
+            self.label,
+            self.granted,
+            self.expires,
+            self.grace,
+            self.state,
+            self.private,
+        )
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Lease:
-        lease = cls(
-            d["lease_id"],
-            d["cls"],
-            list(d["devices"]),
-            d["label"],
-            d["granted"],
-            d["expires"],
-            d["grace"],
-        )
-        lease.state = LeaseState(d.get("state", LeaseState.ACTIVE))
-        lease.private = bool(d.get("private", False))
+    def of(cls, e: LeaseEntry) -> Lease:
+        lease = cls(e.lease_id, e.cls, list(e.devices), e.label, e.granted, e.expires, e.grace)
+        lease.state = e.state
+        lease.private = e.private
         return lease
 
 
@@ -140,49 +136,42 @@ class SessionRec:
     def persistent(self) -> bool:
         return self.lease is not None or bool(self.trees)
 
-    def to_json(self) -> dict[str, Any]:
-        doc = {
-            "session_id": self.session_id,
-            "owner_pid": self.owner_pid,
-            "owner_start": self.owner_start,
-            "uid": self.uid,
-            "user": self.user,
-            "lease": self.lease.to_json() if self.lease else None,
-            "trees": [t.to_json() for t in self.trees.values()],
-        }
-        if (
-            self.owner_cgroup is not None
-        ):  # absent as before it was known: a file read back the same
-            doc["owner_cgroup"] = self.owner_cgroup
-        return doc
+    def entry(self) -> SessionEntry:
+        return SessionEntry(
+            self.session_id,
+            self.owner_pid,
+            self.owner_start,
+            self.uid,
+            self.user,
+            None if self.lease is None else self.lease.entry(),
+            tuple(t.entry() for t in self.trees.values()),
+            self.owner_cgroup,
+        )
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SessionRec:
-        s = cls(d["session_id"], d["owner_pid"], d["owner_start"], d["uid"], d["user"])
-        s.lease = Lease.from_json(d["lease"]) if d.get("lease") else None
-        s.trees = {t["tree_id"]: TreeRec.from_json(t) for t in d.get("trees", [])}
-        cg = d.get("owner_cgroup")
-        s.owner_cgroup = cg if isinstance(cg, str) else None
+    def of(cls, e: SessionEntry) -> SessionRec:
+        s = cls(e.session_id, e.owner_pid, e.owner_start, e.uid, e.user)
+        s.lease = None if e.lease is None else Lease.of(e.lease)
+        s.trees = {t.tree_id: TreeRec.of(t) for t in e.trees}
+        s.owner_cgroup = e.owner_cgroup
         return s
 
 
 def save(path: str, sessions: list[SessionRec]) -> None:
-    doc = {"version": VERSION, "sessions": [s.to_json() for s in sessions if s.persistent]}
-    write_atomic(path, json.dumps(doc, sort_keys=True).encode(), 0o600)
+    doc = LedgerState(tuple(s.entry() for s in sessions if s.persistent))
+    write_atomic(path, doc.encode(), 0o600)
 
 
 def load(path: str) -> list[SessionRec]:
     """The sessions on disk; an empty list when there is no state yet.
 
     :class:`~hold_supervisor.safefile.UnsafePath` if ``path`` is a symlink, not a
-    regular file, not ours or hard-linked: the daemon refuses to start on it.
+    regular file, not ours or hard-linked; :class:`~hold.documents.BadDocument`
+    if it is not a ledger of this daemon or an older one: the daemon refuses to
+    start on it.
     """
     try:
-        fd = open_for_read(path)
+        doc = LedgerState.read(path)
     except FileNotFoundError:
         return []
-    with os.fdopen(fd, "rb") as f:
-        doc = json.loads(f.read())
-    if doc.get("version") != VERSION:
-        raise ValueError(f"{path}: state version {doc.get('version')!r}, expected {VERSION}")
-    return [SessionRec.from_json(d) for d in doc["sessions"]]
+    return [SessionRec.of(e) for e in doc.sessions]

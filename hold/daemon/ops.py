@@ -16,11 +16,12 @@ from typing import Any
 from hold.config import fingerprint
 from hold.daemon.conn import Conn, Request
 from hold.daemon.grants import Grants
-from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec, TreeRec
+from hold.daemon.ledger import HOLDER_ENDED, SessionRec, TreeRec
 from hold.daemon.report import answer as report_answer
 from hold.daemon.sessions import Endings
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
+from hold.documents import LeaseState
 from hold.leases import judge
 from hold.protocol import (
     Ev,
@@ -132,7 +133,7 @@ class Ops:
         if lease is not None:
             for i in lease.devices:
                 self.st.locks.take_back(self.st.keys[lease.cls][i], conn.fds)
-        conn.send({"ev": Ev.ATTACHED, "lease": lease.to_json() if lease else None})
+        conn.send({"ev": Ev.ATTACHED, "lease": lease.entry().to_json() if lease else None})
         if lease is not None and lease.state == LeaseState.EXPIRED:
             conn.send({"ev": Ev.EXPIRED, "grace": lease.grace})
         self.st.log_for("session_attached", s)

@@ -7,7 +7,6 @@ None of it authorises anything; the state that does is :mod:`hold.daemon.ledger`
 from __future__ import annotations
 
 import io
-import json
 import os
 import pwd
 import time
@@ -16,6 +15,7 @@ from typing import Any, ClassVar, TextIO, cast
 
 from hold.daemon.ledger import SessionRec
 from hold.daemon.tokens import UnsafePath, read_token, remove_owned, render, write_atomic
+from hold.documents import EndedLease, EndedLeases
 from hold.leases import LeaseRecord
 from hold.statedir import StateDir
 from hold_supervisor.safefile import remove_in_dir, write_in_dir
@@ -116,7 +116,7 @@ class Records:
         self.sd = sd
         self.home_tokens = home_tokens
         self.log_for = log_for  # (event, session, **fields)
-        self.ended: list[dict[str, Any]] | None = None  # ended.json, once read
+        self.ended: list[EndedLease] | None = None  # ended.json, once read
         self.on_end: Callable[[SessionRec], None] | None = None  # the history's line
 
     def record(self, s: SessionRec) -> LeaseRecord:
@@ -154,18 +154,14 @@ class Records:
             self.on_end(s)
         path = os.path.join(self.sd.path, "ended.json")
         if self.ended is None:  # read once; from then on this daemon writes it
-            from hold_supervisor.safefile import UnsafePath, open_for_read
-
             try:
-                with os.fdopen(open_for_read(path), "rb") as f:
-                    past = json.loads(f.read())
-                self.ended = past[-ENDED_KEPT:] if isinstance(past, list) else []
-            except (OSError, ValueError, UnsafePath):
+                self.ended = list(EndedLeases.read(path).leases[-ENDED_KEPT:])
+            except (OSError, ValueError):  # absent; UnsafePath, BadDocument: begun again
                 self.ended = []
-        self.ended.append({**self.record(s).to_json(), "ended": time.time()})
+        self.ended.append(EndedLease(self.record(s), time.time()))
         del self.ended[:-ENDED_KEPT]
         try:
-            write_atomic(path, json.dumps(self.ended).encode(), 0o644)
+            write_atomic(path, EndedLeases(tuple(self.ended)).encode(), 0o644)
         except (UnsafePath, OSError) as e:
             self.log_for("history_not_written", s, error=str(e))
 
@@ -174,7 +170,7 @@ class Records:
         record = self.record(s)
         if s.lease.private:  # the files are everyone's to read: no label of it there
             record = record._replace(label=None)
-        data = render(s.lease.cls, record.to_json())
+        data = render(s.lease.cls, record)
         for i in s.lease.devices:
             write_atomic(self.sd.token(s.lease.cls, i), data, 0o644)
         if self.home_tokens:
@@ -227,17 +223,9 @@ class Records:
                 if not e.name[len(prefix) : -len(".token")].isdigit():
                     continue
                 got = read_token(e.path)
-                if got is None:
-                    continue
-                line, rec = got
-                lease, granted = rec.get("lease"), rec.get("granted")
-                if (
-                    rec.get("uid") == uid
-                    and rec.get("cls") == cls
-                    and isinstance(lease, str)
-                    and isinstance(granted, (int, float))
-                ):
-                    found[lease] = (float(granted), line + b"\n")
+                if got is not None and got.record.uid == uid and got.record.cls == cls:
+                    rec = got.record
+                    found[rec.lease] = (rec.granted, got.line.encode("utf-8", "replace") + b"\n")
         ordered = sorted(found.items(), key=lambda kv: (-kv[1][0], kv[0]))
         return [line for _, (_, line) in ordered]
 

@@ -37,13 +37,13 @@ from typing import Any
 from hold.daemon import listener
 from hold.daemon.conn import Conn
 from hold.daemon.grants import Grants
-from hold.daemon.ledger import LeaseState
 from hold.daemon.ops import Ops
 from hold.daemon.records import Log
 from hold.daemon.sessions import LIFELINE, Endings, recover
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
 from hold.devices.classes import DeviceClass
+from hold.documents import LeaseState
 from hold.errors import HoldError, describe
 from hold.protocol import Ev, ProtocolError
 from hold.statedir import StateDir

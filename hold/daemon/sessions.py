@@ -18,9 +18,10 @@ from typing import Any
 from hold.daemon import ledger, occupancy
 from hold.daemon.conn import Conn
 from hold.daemon.grants import Grants
-from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec, TreeRec
+from hold.daemon.ledger import HOLDER_ENDED, SessionRec, TreeRec
 from hold.daemon.listener import pidfd_exited
 from hold.daemon.state import DaemonState
+from hold.documents import LeaseState
 from hold.protocol import Ev
 from hold_supervisor.proc.cgroup import Leaf, leaves_made_by, sweep_made_by
 from hold_supervisor.proc.identity import ProcessId

@@ -6,8 +6,9 @@ form that existing scripts read (``head -1``)::
     npu-hold <label> pid <PID> <date>
 
 (``gpu-hold ...`` for GPUs) where PID is the holder, an ancestor of the
-command. The second line is the full record as JSON: lease id, holder start
-time, uid, devices, granted, expires, the command's pid and its cgroup leaf.
+command. The second line is the full record as JSON (:class:`hold.documents.TokenFile`,
+a :class:`hold.leases.LeaseRecord` with its kind and version): lease id, holder
+start time, uid, devices, granted, expires, the command's pid and its cgroup leaf.
 
 ``~/NPU-TOKEN`` (:meth:`hold.daemon.records.Records.write_tokens`) holds only first
 lines: one per live lease of its user and class, the newest first.
@@ -15,13 +16,14 @@ lines: one per live lease of its user and class, the newest first.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
 from typing import Any
 
-from hold_supervisor.safefile import UnsafePath, open_for_read, write_atomic
+from hold.documents import TokenFile
+from hold.leases import LeaseRecord
+from hold_supervisor.safefile import UnsafePath, write_atomic
 
 # One class and one writer for every file we keep (hold_supervisor.safefile): an
 # ``except UnsafePath`` here catches what any of them refuses.
@@ -79,34 +81,26 @@ def token_line(cls: str, label: str, holder_pid: int, granted: float) -> str:
     return f"{cls}-hold {line_label(label)} pid {holder_pid} {date}"
 
 
-def render(cls: str, record: dict[str, Any]) -> bytes:
-    """A token file's bytes: the first line people and old scripts read, and the
-    record. A private lease's label is in neither (its record's ``label`` is null,
-    the line says ``private``): token files are readable by everyone."""
-    label = record["label"] if record["label"] is not None else "private"
-    line = token_line(cls, label, record["holder_pid"], record["granted"])
-    return (line + "\n" + json.dumps(record, sort_keys=True) + "\n").encode()
+def render(cls: str, record: LeaseRecord) -> bytes:
+    """A token file's bytes (:class:`hold.documents.TokenFile`): the first line people
+    and old scripts read, and the record. A private lease's label is in neither (its
+    record's ``label`` is None, the line says ``private``): token files are
+    readable by everyone."""
+    label = record.label if record.label is not None else "private"
+    return TokenFile(token_line(cls, label, record.holder_pid, record.granted), record).encode()
 
 
 def read_record(path: str) -> dict[str, Any] | None:
-    """The JSON record of a token file, or None if absent or unreadable as one."""
+    """The lease record of a token file in its JSON form (for people and tests), or
+    None if absent or unreadable as one."""
     got = read_token(path)
-    return None if got is None else got[1]
+    return None if got is None else got.record.to_json()
 
 
-def read_token(path: str) -> tuple[bytes, dict[str, Any]] | None:
-    """A token file's first line (without its newline) and JSON record, or None
-    if absent or unreadable as one."""
+def read_token(path: str) -> TokenFile | None:
+    """A token file (its first line and record), or None if absent or unreadable as one
+    (a link, a FIFO, not a token file of this or an older daemon)."""
     try:
-        fd = open_for_read(path, owned=False)  # no link, no FIFO to hang on
-    except (OSError, UnsafePath):
+        return TokenFile.read(path, owned=False)  # no link, no FIFO to hang on
+    except (OSError, ValueError):  # UnsafePath and BadDocument among them
         return None
-    with os.fdopen(fd, "rb") as f:
-        lines = f.read().split(b"\n")
-    if len(lines) < 2:
-        return None
-    try:
-        rec = json.loads(lines[1])
-    except ValueError:
-        return None
-    return (lines[0], rec) if isinstance(rec, dict) else None

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 from hold.daemon import occupancy
 from hold.daemon.figures import Figures
 from hold.daemon.history import History
-from hold.daemon.ledger import HOLDER_ENDED, LeaseState, SessionRec
+from hold.daemon.ledger import HOLDER_ENDED, SessionRec
 from hold.devices.classes import node_key
+from hold.documents import HistoryLease, HistoryStray, LeaseEnd, LeaseState
 
 if TYPE_CHECKING:
     from hold.daemon.state import DaemonState
@@ -152,24 +153,23 @@ class Usage:
         ended = time.time() if now is None else now
         cpu, peak = self.figures.forget(lid)
         self.history.append(
-            {
-                "kind": "lease",
-                "lease": lid,
-                "user": s.user,
-                "uid": s.uid,
-                "cls": lease.cls,
-                "devices": list(lease.devices),
-                "label": lease.label,
-                "private": lease.private,
-                "requested": self.requested.pop(lid, None),
-                "granted": lease.granted,
-                "ended": ended,
-                "end": end,
-                "by": by,
-                "held": None if held is None else round(min(held, ended - lease.granted), 3),
-                "cpu_s": cpu,
-                "peak_bytes": peak,
-            }
+            HistoryLease(
+                lid,
+                s.user,
+                s.uid,
+                lease.cls,
+                tuple(lease.devices),
+                lease.label,
+                lease.private,
+                self.requested.pop(lid, None),
+                lease.granted,
+                ended,
+                LeaseEnd(end),
+                by,
+                None if held is None else round(min(held, ended - lease.granted), 3),
+                cpu,
+                peak,
+            )
         )
 
     def held(self, lid: str) -> float | None:
@@ -195,19 +195,19 @@ class Usage:
         self.seen[key] = None
         while len(self.seen) > SEEN_KEPT:
             del self.seen[next(iter(self.seen))]
+        uid, user, memory = h.get("uid"), h.get("user"), h.get("memory_bytes")
         self.history.append(
-            {
-                "kind": "stray",
-                "cls": cls,
-                "device": index,
-                "pid": pid,
-                "uid": h.get("uid"),
-                "user": h.get("user"),
-                "command": str(h.get("command") or "")[:200],
-                "memory_bytes": h.get("memory_bytes"),
-                "seen": time.time(),
-                "lease": during,
-            }
+            HistoryStray(
+                cls,
+                index,
+                pid,
+                uid if isinstance(uid, int) else None,
+                user if isinstance(user, str) else None,
+                str(h.get("command") or "")[:200],
+                memory if isinstance(memory, int) else None,
+                time.time(),
+                during,
+            )
         )
 
     # ---------------------------------------------------------- the sampler

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import json
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from hold_supervisor.documents import StackRecord, StackRunState
 from hold_supervisor.environ import minimal_env
 from hold_supervisor.errors import SupervisorError
 from hold_supervisor.exitcodes import TOOL, USAGE
@@ -317,16 +317,14 @@ def _on_call_end(st: StackState, r: CallResult) -> None:
     st.say(text)
 
 
-def write_record(st: StackState, **more: Any) -> None:
+def write_record(
+    st: StackState, state: StackRunState, code: int | None = None, cause: str | None = None
+) -> None:
     """``stack.json``: who runs the stack, from which file, and how it ended."""
-    rec = {
-        "name": st.name,
-        "pid": os.getpid(),
-        "file": os.path.abspath(st.source),
-        "started": time.time(),
-        **more,
-    }
-    write_atomic(os.path.join(st.run_dir, "stack.json"), json.dumps(rec).encode())
+    rec = StackRecord(
+        st.name, os.getpid(), os.path.abspath(st.source), time.time(), state, code, cause
+    )
+    write_atomic(os.path.join(st.run_dir, "stack.json"), rec.encode())
 
 
 # ---------------------------------------------------------------------- letting go

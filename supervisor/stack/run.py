@@ -21,6 +21,7 @@ import signal
 import time
 
 from hold_supervisor.cause import Cause
+from hold_supervisor.documents import StackRunState
 from hold_supervisor.exitcodes import OK, TOOL
 from hold_supervisor.parse import format_cpus
 from hold_supervisor.safefile import UnsafePath
@@ -64,7 +65,7 @@ def _supervise(st: StackState, sig_r: int) -> StackResult:
             os.path.join(st.run_dir, "control.sock"), functools.partial(on_request, st)
         )
         try:
-            write_record(st, state="running")
+            write_record(st, StackRunState.RUNNING)
         except (OSError, UnsafePath) as e:  # checked at prepare; a link planted since
             st.say(f"warning: the stack's record is not written: {e}")
         _loop(st, sig_r)

@@ -18,6 +18,7 @@ import threading
 import time
 
 from hold_supervisor.cause import Cause
+from hold_supervisor.documents import StackRunState
 from hold_supervisor.exitcodes import SURVIVORS, TOOL
 from hold_supervisor.proc import scan
 from hold_supervisor.proc.stop import StopReport, Survivor, stop_tree
@@ -229,7 +230,7 @@ def finish(st: StackState, result: StackResult) -> None:
     if not result.survivors:
         remove_leaves(st)
     try:
-        write_record(st, state="stopped", code=result.code, cause=result.cause.detail)
+        write_record(st, StackRunState.STOPPED, result.code, result.cause.detail)
     except (OSError, UnsafePath):
         pass
     if st.on_stopped is not None:

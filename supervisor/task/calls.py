@@ -46,7 +46,6 @@ What a call gets, and when:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 import time
@@ -55,6 +54,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hold_supervisor.documents import CallRecord, RunRecord
 from hold_supervisor.exitcodes import CANCELLED, EXPIRED, SURVIVORS, signalled
 from hold_supervisor.parse import format_cpus
 from hold_supervisor.proc.stop import StopReport, Survivor
@@ -160,33 +160,29 @@ def exit_code(outcome: str, returncode: int | None, survived: bool) -> int:
 
 
 def call_record(r: CallResult) -> str:
-    """The call's line in the unit's log, one JSON object (no stdout or stderr: they
-    may be large or secret). ``ts`` is the time as the units' logs write it."""
+    """The call's line in the unit's log (:class:`hold_supervisor.documents.CallRecord`)."""
     now = time.time()
-    rec = {
-        "time": round(now, 3),
-        "ts": stamp(now),
-        "call": r.call_id,
-        "unit": r.unit,
-        "args_sha256": r.args_sha256,
-        "outcome": r.outcome,
-        "exit": r.exit_code,
-        "wall_s": round(r.wall, 4),
-        "queued_s": round(r.queued, 4),
-        "pid": r.pid,
-        "cpus": format_cpus(r.cpus),
-        "survivors": [f"{s.pid} ({s.found_by}): {s.command}" for s in r.survivors],
-    }
-    if r.detail:
-        rec["detail"] = r.detail
-    return json.dumps(rec, sort_keys=True)
+    return CallRecord(
+        round(now, 3),
+        stamp(now),
+        r.call_id,
+        r.unit,
+        r.args_sha256,
+        r.outcome,
+        r.exit_code,
+        round(r.wall, 4),
+        round(r.queued, 4),
+        r.pid,
+        format_cpus(r.cpus),
+        tuple(f"{s.pid} ({s.found_by}): {s.command}" for s in r.survivors),
+        r.detail or None,
+    ).text()
 
 
 def run_record(stack: str, pid: int) -> str:
     """The line a task unit's log gets when a run of the stack begins (no ``call``)."""
     now = time.time()
-    rec = {"time": round(now, 3), "ts": stamp(now), "run": "begins", "stack": stack, "pid": pid}
-    return json.dumps(rec, sort_keys=True)
+    return RunRecord(round(now, 3), stamp(now), stack, pid).text()
 
 
 class Slots:
