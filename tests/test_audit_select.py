@@ -89,9 +89,17 @@ def test_device_indices_and_user_select_the_rows_and_the_kill(
     assert res.returncode == 0, res.stderr
     assert log.read_text() == ""
     res = audit(
-        "--device", "fake:0", "--user", unpriv_user, "--kill", "--yes", "--grace", "2s",
-        "--log", str(log),
-    )  # fmt: skip
+        "--device",
+        "fake:0",
+        "--user",
+        unpriv_user,
+        "--kill",
+        "--yes",
+        "--grace",
+        "2s",
+        "--log",
+        str(log),
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     wait_for(lambda: not alive(user0), 10, what="the user's stray stopped")
     assert alive(root0) and alive(root1)

@@ -301,8 +301,18 @@ def test_metrics_keep_private_labels_out_and_escape_others() -> None:
             "pids": 2,
             "source": "psutil",
         }
-        return {"lease": lease, "label": label, "private": private, "user": 'b"ob', "uid": 1,
-                "pid": 1, "since": 1.0, "expires": 2.0, "state": "active", "usage": u}  # fmt: skip
+        return {
+            "lease": lease,
+            "label": label,
+            "private": private,
+            "user": 'b"ob',
+            "uid": 1,
+            "pid": 1,
+            "since": 1.0,
+            "expires": 2.0,
+            "state": "active",
+            "usage": u,
+        }
 
     ans = {
         "classes": {

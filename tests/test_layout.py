@@ -304,3 +304,25 @@ def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
     graph = _import_graph(mods)
     graph["a"].add("c")
     assert _cycles(graph) == [["a", "b"]]
+
+
+def _formatter_opt_outs(root: Path) -> list[str]:
+    """Lines that take themselves away from the formatter (``fmt: skip``/``off``)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if ".venv" in path.parts or "build" in path.parts:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "# fmt: skip" in line or "# fmt: off" in line:
+                found.append(f"{path.relative_to(root)}:{n}")
+    return found
+
+
+def test_the_formatter_lays_out_every_line() -> None:
+    """No ``# fmt: skip``: a line squeezed to fit a count is what issue 22 undid."""
+    assert _formatter_opt_outs(ROOT) == []
+
+
+def test_the_formatter_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("x = [1,\n  2]  # fmt: skip\n")
+    assert _formatter_opt_outs(tmp_path) == ["m.py:2"]

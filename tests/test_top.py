@@ -113,8 +113,16 @@ def test_the_frame_shows_the_figures_where_the_documents_carry_them() -> None:
     assert dev[6:8] == ["42", "2.0GiB/80.0GiB"]
     assert _row(lines, "DEVICE", "gpu:1")[1:] == ["free", "-", "-"]
     assert _row(lines, "LEASE", "abcd1234") == [
-        "abcd1234", "ann", "4242", "gpu:0", "1h00m", "87.2", "3.0GiB", "5", "'train'"
-    ]  # fmt: skip
+        "abcd1234",
+        "ann",
+        "4242",
+        "gpu:0",
+        "1h00m",
+        "87.2",
+        "3.0GiB",
+        "5",
+        "'train'",
+    ]
     assert _row(lines, "STACK", "svc") == [
         "svc",
         "model",
@@ -126,8 +134,14 @@ def test_the_frame_shows_the_figures_where_the_documents_carry_them() -> None:
         "5",
     ]
     assert [ln.text.split()[1:] for ln in lines if ln.text.startswith("svc ")][1] == [
-        "web", "ready", "98", "5.0s", "-", "-", "-"
-    ]  # fmt: skip
+        "web",
+        "ready",
+        "98",
+        "5.0s",
+        "-",
+        "-",
+        "-",
+    ]
     assert any("queue 1: (private) pid 77 user bob wants 1 device(s)" in ln.text for ln in lines)
 
 
@@ -238,10 +252,24 @@ class Terminal:
         # and writes the status; the pane stays (remain-on-exit) for its screen.
         wrapped = ["sh", "-c", 'trap : INT; "$@"; echo $? > "$0"', str(status), *argv]
         self.tmux(
-            "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", str(cols), "-y", str(rows),
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            str(cols),
+            "-y",
+            str(rows),
             " ".join(_quote(a) for a in wrapped),
-            ";", "set-option", "-t", "t", "remain-on-exit", "on",
-        )  # fmt: skip
+            ";",
+            "set-option",
+            "-t",
+            "t",
+            "remain-on-exit",
+            "on",
+        )
         self.server = int(self.tmux("display-message", "-p", "-t", "t", "#{pid}"))
         self.socket = self.tmux("display-message", "-p", "-t", "t", "#{socket_path}")
 
@@ -468,9 +496,12 @@ def test_piped_it_lists_the_running_stacks_units(tmp_path: Path) -> None:
         '    ready: {log: "READY"}\n    stop: {grace: 2s}\n'
     )
     up = subprocess.run(
-        [*HOLD, "up", "--detach", str(stack)], stdin=subprocess.DEVNULL, capture_output=True,
-        text=True, timeout=60,
-    )  # fmt: skip
+        [*HOLD, "up", "--detach", str(stack)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert up.returncode == 0, up.stderr
     try:
         ps = json.loads(subprocess.run([*HOLD, "ps", "tp", "--json"], capture_output=True).stdout)
@@ -496,9 +527,19 @@ def test_another_users_view_hides_a_private_label(system: Any) -> None:  # noqa:
     w, _ns, _daemon = system
     a_user, b_user = w.users
     w.start(
-        a_user, "run", "-d", "npu", "-l", "A-secret", "--private", "-t", "1m", "--",
-        *w.gated("A", "--wait"), name="A",
-    )  # fmt: skip
+        a_user,
+        "run",
+        "-d",
+        "npu",
+        "-l",
+        "A-secret",
+        "--private",
+        "-t",
+        "1m",
+        "--",
+        *w.gated("A", "--wait"),
+        name="A",
+    )
     w.ready("A")
     seen = w.run(b_user, "top")
     assert seen.returncode == 0, seen.stderr
