@@ -8,6 +8,7 @@ Imports inside functions count as much as those at the top.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -313,7 +314,7 @@ def _formatter_opt_outs(root: Path) -> list[str]:
         if ".venv" in path.parts or "build" in path.parts:
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            if "# fmt: skip" in line or "# fmt: off" in line:
+            if re.search(r"#\s*fmt:\s*(skip|off)\s*$", line):
                 found.append(f"{path.relative_to(root)}:{n}")
     return found
 
