@@ -194,11 +194,16 @@ def test_ctrl_c_of_the_adopting_client_stops_the_job(tmp_path: Path, jobs: Jobs)
 
 def test_the_job_ending_by_itself_ends_the_lease(tmp_path: Path, jobs: Jobs) -> None:
     nodes = fake_nodes(tmp_path)
-    script = f"exec 3<{nodes[0]}; sleep 1.5 & sleep 1; wait"
+    # The job (and its child) ends once the lease is granted, not after a fixed
+    # time: under load the adopting client may take seconds to start.
+    go = tmp_path / "go"
+    script = f"exec 3<{nodes[0]}; (until [ -e {go} ]; do sleep 0.02; done) & wait"
     proc = subprocess.Popen(["sh", "-c", script], start_new_session=True)
     jobs.jobs.append(proc)  # type: ignore[arg-type]
     wait_for(lambda: holds_node(proc.pid, nodes[0]), 10, 0.02, "the job holding fake:0")
     client = jobs.adopt(proc.pid, "-t", "1m")
+    granted(client)
+    go.touch()
     code, err = ended(client)
     assert code == 0, err
     assert f"adopted pid {proc.pid}" in err
