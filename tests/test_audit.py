@@ -605,32 +605,3 @@ def test_bad_input_exits_2(tmp_path: Path, procs: Procs, args: list[str], says: 
     assert says in res.stderr and "Traceback" not in res.stderr
     assert res.stdout == ""
     assert alive(h["holder"])
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        [],
-        ["--json"],
-        ["--device", "fake", "--json"],
-        ["--device=fake"],
-        ["--grace=0", "--json"],
-        ["--kill", "--yes", "--grace", "2s"],
-        ["--device", "a", "--device", "b", "--json", "--json"],
-    ],
-)
-def test_plain_options_read_as_click_reads_them(args: list[str]) -> None:
-    """hold.cli.entry reads these without click (start-up time); click would read them alike."""
-    from hold.cli.audit import plain_args
-    from hold.cli.group import cli
-
-    assert plain_args(args) == cli.commands["audit"].make_context("audit", list(args)).params
-
-
-@pytest.mark.parametrize(
-    "args", [["--help"], ["-h"], ["--bogus"], ["--device"], ["--grace", "-1"], ["--json=1"], ["x"]]
-)
-def test_help_and_errors_are_clicks(args: list[str]) -> None:
-    from hold.cli.audit import plain_args
-
-    assert plain_args(args) is None

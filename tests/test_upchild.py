@@ -65,8 +65,8 @@ def test_a_command_with_click_loaded_starts_a_fresh_interpreter() -> None:
 
 
 def test_both_ways_run_a_stack_without_the_heavy_modules(tmp_path: Path) -> None:
-    """``hold up --detach FILE`` forks; ``hold up --detach --for 30s FILE`` comes
-    through click and starts a fresh interpreter. Both supervisors run the stack,
+    """``hold up --detach FILE`` forks; the same command with click loaded (as
+    through the group) starts a fresh interpreter. Both supervisors run the stack,
     report it up, hold no YAML or click, and only the fork shares the
     command's command line."""
     pidfile = tmp_path / "pid"
@@ -76,9 +76,10 @@ def test_both_ways_run_a_stack_without_the_heavy_modules(tmp_path: Path) -> None
         f'    cmd: [sh, -c, "echo $$ > {pidfile}; exec sleep 60"]\n'
         f'    ready: {{file: "{pidfile}"}}\n'
     )
-    for extra, forked in (([], True), (["--for", "30s"], False)):
+    with_click = "import sys, click; from hold.cli.entry import main; sys.exit(main())"
+    for prog, forked in ((HOLD, True), ([sys.executable, "-c", with_click], False)):
         res = subprocess.run(
-            [*HOLD, "up", "--detach", *extra, str(stack)],
+            [*prog, "up", "--detach", "--for", "30s", str(stack)],
             capture_output=True,
             text=True,
             timeout=60,

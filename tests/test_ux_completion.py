@@ -141,9 +141,9 @@ def test_run_options_from_the_table() -> None:
     assert complete("hold", ["run", "--pass"]) == ["--pass-env"]
     assert complete("npu-hold", ["-t", "1h", "--no-"]) == ["--no-wait"]
     assert complete("npu-hold", ["--signal", "TE"]) == ["TERM"]
-    from hold.cli.runargs import OPTIONS
+    from hold.cli.options import RUN_OPTIONS
 
-    assert complete("npu-hold", ["--"]) == [o[0] for o in OPTIONS]
+    assert complete("npu-hold", ["--"]) == [o.long for o in RUN_OPTIONS]
 
 
 def test_after_the_options_the_command_is_the_shells() -> None:

@@ -9,7 +9,8 @@ this machine, issue 25). The shell's side is click's own protocol
 line out, per shell), reproduced here for bash, zsh and fish, for:
 
 * ``npu-hold``/``gpu-hold``/``hold run``: every word (their options are
-  :mod:`hold.cli.runargs`'s table, which click never parses anyway);
+  :data:`hold.cli.options.RUN_OPTIONS`, which click never parses anyway; the
+  values offered are each row's ``values``);
 * ``hold``: the command name (first word) and a command's stack NAME (second
   word, for the commands in :data:`STACK_COMMANDS`).
 
@@ -73,6 +74,7 @@ class Item:
 
 def device_classes() -> list[str]:
     """The configured device classes (nothing if the configuration does not read)."""
+    # lazy: only for a TAB that asks for a class (a command's name needs none)
     from hold.config import load
     from hold.devices.classes import classes_from_config
     from hold_supervisor.parse import BadValue
@@ -85,6 +87,7 @@ def device_classes() -> list[str]:
 
 
 def _stacks_dir() -> str | None:
+    # lazy: only for a TAB that asks for a stack or a unit
     from hold.statedir import StateDir, default_path
     from hold_supervisor.parse import BadValue
 
@@ -111,6 +114,7 @@ def unit_names(stack: str, kind: str | None = None) -> list[str]:
         return []
     run_dir = os.path.join(base, stack)
     try:
+        # lazy: the stack file's reader (YAML) only for a TAB that asks for a unit
         from hold_supervisor.documents import StackRecord
         from hold_supervisor.stackfile.load import load
 
@@ -134,60 +138,38 @@ def items(values: list[str], incomplete: str, prefix: str = "") -> list[Item]:
 # ---------------------------------------------------------------------- run, npu-hold
 
 
-def _value_of(opt: str, incomplete: str, prefix: str = "") -> list[Item]:
-    """Values of the run option ``opt`` (its long name) that start with ``incomplete``."""
-    if opt == "--device":
+SIGNALS = ["HUP", "INT", "QUIT", "TERM", "USR1", "USR2"]
+
+
+def _value_of(values: str | None, incomplete: str, prefix: str = "") -> list[Item]:
+    """The ``values`` of an option (its row's: ``classes``, ``signals``, ``env``) that
+    start with ``incomplete``."""
+    if values == "classes":
         return items(device_classes(), incomplete, prefix)
-    if opt == "--signal":
-        return items(["HUP", "INT", "QUIT", "TERM", "USR1", "USR2"], incomplete, prefix)
-    if opt == "--pass-env":
+    if values == "signals":
+        return items(SIGNALS, incomplete, prefix)
+    if values == "env":
         return items(sorted(os.environ), incomplete, prefix)
     return []  # a duration, a CPU list, a label: nothing to offer
-
-
-def _pending(words: list[str]) -> tuple[str | None, bool]:
-    """After ``words`` (the run options typed so far): the long name of an option
-    still waiting for its value, and whether the options have ended."""
-    from hold.cli.runargs import OPTIONS  # here: hold's own TABs need no option table
-
-    by_name = {n: (long, meta) for long, short, meta, _ in OPTIONS for n in (long, short) if n}
-    waiting: str | None = None
-    for word in words:
-        if waiting is not None:
-            waiting = None
-            continue
-        if word == "--" or not word.startswith("-") or word == "-":
-            return None, True
-        if word.startswith("--"):
-            long, meta = by_name.get(word, ("", None))
-            waiting = long if meta is not None and "=" not in word else None
-            continue
-        for j in range(1, len(word)):  # -vt: the first letter that takes a value ends it
-            long, meta = by_name.get("-" + word[j], ("", None))
-            if meta is not None:
-                waiting = long if j == len(word) - 1 else None
-                break
-    return waiting, False
 
 
 def complete_run(words: list[str], incomplete: str) -> list[Item]:
     """What may follow ``words`` (after ``hold run`` / ``npu-hold``) at ``incomplete``."""
     if words and words[-1] == "=":  # bash splits --device=np into --device, =, np
         words = words[:-1]
-    waiting, ended = _pending(words)
+    from hold.cli.options import RUN_OPTIONS, pending  # lazy: hold's own TABs need no table
+
+    waiting, ended = pending(words, RUN_OPTIONS)
     if ended:
         return [Item(incomplete, type="file")]  # the command and its arguments
     if waiting is not None:
-        return _value_of(waiting, incomplete)
+        return _value_of(waiting.values, incomplete)
     if incomplete.startswith("--") and "=" in incomplete:
         name, _, value = incomplete.partition("=")
-        return _value_of(name, name + "=" + value, name + "=")
+        values = next((o.values for o in RUN_OPTIONS if o.long == name), None)
+        return _value_of(values, name + "=" + value, name + "=")
     if incomplete.startswith("-"):
-        from hold.cli.runargs import OPTIONS
-
-        return [
-            Item(long, help=text) for long, _s, _m, text in OPTIONS if long.startswith(incomplete)
-        ]
+        return [Item(o.long, help=o.help) for o in RUN_OPTIONS if o.long.startswith(incomplete)]
     return [Item(incomplete, type="file")]
 
 

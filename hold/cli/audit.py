@@ -1,61 +1,33 @@
 """``hold audit``, the command: options checked, the report, ``--kill``, the exit status.
 
-Its options are declared in :mod:`hold.cli.group` (``--help`` and every error are
-click's); a plainly valid command line is read here instead, without click
-(:func:`plain_args`, from :mod:`hold.cli.entry`): importing click and the group
-is a third of ``hold audit``'s time.
+Its options are :data:`hold.cli.options.AUDIT_OPTIONS`: click's declaration in
+:mod:`hold.cli.group` is made from them (``--help`` and every error are click's),
+and :mod:`hold.cli.entry` reads a plainly valid line by them without click
+(:func:`main_plain`): importing click and the group is a third of ``hold
+audit``'s time.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hold.devices.classes import DeviceClass
-from hold.statedir import StateDir
+from hold.config import load
+from hold.devices.classes import DeviceClass, classes_from_config, parse_device_spec
+from hold.statedir import StateDir, open_state_dir
 from hold_supervisor.exitcodes import CANCELLED, NO, SURVIVORS, USAGE
+from hold_supervisor.parse import BadValue, did_you_mean, parse_duration
+from hold_supervisor.safefile import open_for_append
 from hold_supervisor.width import columns, fit
 
 if TYPE_CHECKING:
     from hold.devices.nvml import Prefetch
     from hold.views.audit import Only
 
-FLAGS = {"--json": "as_json", "--kill": "kill", "--yes": "yes"}
-VALUES = {"--device": "cls", "--grace": "grace", "--user": "user", "--log": "log"}
-# click's, in hold.cli.group (a test compares)
-DEFAULTS: dict[str, Any] = {
-    "cls": None,
-    "as_json": False,
-    "kill": False,
-    "yes": False,
-    "grace": "10s",
-    "user": None,
-    "log": None,
-}
 ANSI = re.compile(r"\033\[[;?0-9]*[a-zA-Z]")  # what click.echo strips where not a terminal
-
-
-def plain_args(args: list[str]) -> dict[str, Any] | None:
-    """``hold audit``'s options where each is one of its own with a plain value; None
-    for anything else (``--help``, an unknown option, a missing value): click reads
-    those, with its own words. The last of a repeated option counts, as in click."""
-    opts = dict(DEFAULTS)
-    it = iter(args)
-    for arg in it:
-        name, eq, value = arg.partition("=")
-        if arg in FLAGS:
-            opts[FLAGS[arg]] = True
-        elif name in VALUES:
-            if not eq:
-                value = next(it, "-")
-                if value.startswith("-"):
-                    return None
-            opts[VALUES[name]] = value
-        else:
-            return None
-    return opts
 
 
 def main_plain(opts: dict[str, Any]) -> int:
@@ -82,11 +54,6 @@ def run_audit(
     log: str | None = None,
 ) -> int:
     """``hold audit`` once its options are read: checked, then :func:`main_audit`."""
-    from hold.config import load
-    from hold.devices.classes import classes_from_config, parse_device_spec
-    from hold.statedir import open_state_dir
-    from hold_supervisor.parse import BadValue, parse_duration
-
     try:
         cfg = load()
         classes = classes_from_config(cfg.devices, cfg.path)
@@ -94,8 +61,6 @@ def run_audit(
         return _usage(str(e))
     units: tuple[int, ...] | None = None
     if cls is not None and cls.partition(":")[0] not in classes:
-        from hold_supervisor.parse import did_you_mean
-
         known = sorted(classes)
         return _usage(
             f"--device {cls!r} is not valid: one of {', '.join(known)}" + did_you_mean(cls, known)
@@ -115,9 +80,10 @@ def run_audit(
     if cls in (None, "gpu") and "gpu" in classes and os.path.exists("/dev/nvidiactl"):
         # The driver is here: NVML's figures asked for now, in a thread, so
         # that its ~16 ms pass during the imports and the scan (issue 13).
-        from hold.devices.nvml import Prefetch
+        from hold.devices.nvml import Prefetch  # lazy: only where a GPU driver is
 
         nvml = Prefetch()
+    # lazy, as main_audit's: imported while NVML's prefetch runs, not before it starts
     from hold.views.audit import Only
 
     only = Only(cls, units, uid)
@@ -131,10 +97,6 @@ def run_audit(
 def _uid_of(user: str) -> int:
     """``--user``: a user name, or a uid (one without an account too: its processes
     may outlive the account)."""
-    import pwd
-
-    from hold_supervisor.parse import BadValue
-
     if user.isascii() and user.isdigit() and len(user) <= 10:
         return int(user)
     try:
@@ -146,9 +108,6 @@ def _uid_of(user: str) -> int:
 def _open_log(path: str) -> int:
     """``--log``: appended to (made 0640 where missing), never through a symlink,
     never a FIFO or someone else's file (:mod:`hold_supervisor.safefile`)."""
-    from hold_supervisor.parse import BadValue
-    from hold_supervisor.safefile import open_for_append
-
     try:
         return open_for_append(path, 0o640)
     except OSError as e:
@@ -182,7 +141,8 @@ def main_audit(
     """Scan, attribute, print (and with ``kill``, stop the strays; with ``log_fd``,
     a JSON line per stray appended there); the exit status: 0 all covered, 1 a
     stray, 3 a stop left survivors."""
-    from hold.views.audit import build_report, kill_strays
+    # lazy: the scan's and the table's modules load while NVML's prefetch runs
+    from hold.views.audit import build_report, kill_strays, stray_lines
     from hold.views.audittable import render_table
 
     doc = build_report(sd, classes, only, nvml)
@@ -200,11 +160,9 @@ def main_audit(
     if kill and strays:
         doc["killed"] = kill_strays(doc, sd, grace)
     if log_fd is not None and strays:
-        from hold.views.audit import stray_lines
-
         os.write(log_fd, "".join(stray_lines(doc)).encode())
     if as_json:
-        import json  # only here: the table needs none
+        import json  # lazy: only for --json, the table needs none
 
         echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -221,7 +179,7 @@ def main_audit(
 
 def _confirm(question: str) -> bool | None:
     """Yes or no at the terminal (click's prompt); None: ^C or end of input."""
-    import click
+    import click  # lazy: only to ask at a terminal (the plain path runs without click)
 
     try:
         return click.confirm(question)
@@ -243,9 +201,7 @@ def adopt_hints(doc: dict[str, Any]) -> list[str]:
     """For each stray process of the caller's (root: anyone's) on a device (not only
     its class's shared nodes) that no lease holds, the command that gives it a lease
     (``--adopt``); not for one below another such stray (that one's tree has it)."""
-    import os
-
-    from hold_supervisor.proc.scan import ancestors
+    from hold_supervisor.proc.scan import ancestors  # lazy: loaded by the scan already
 
     uid = os.geteuid()
     rows = {

@@ -11,7 +11,7 @@ without click, by :mod:`hold.cli.answers`; the rest comes here:
 * ``hold``: its click group answers (subcommands, options, and the values
   through ``shell_complete`` callbacks, from :mod:`hold.cli.answers`);
 * ``hold run``, ``npu-hold``, ``gpu-hold``: their options are parsed by hand
-  (:mod:`hold.cli.runargs`, kept off click for start-up time), so a small click
+  (:mod:`hold.cli.options`, kept off click for start-up time), so a small click
   command stands in for them *only while completing* (:func:`complete_program`)
   and answers from the option table itself.
 
@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 import click
-from click.shell_completion import CompletionItem, get_completion_class
+from click.shell_completion import CompletionItem, get_completion_class, shell_complete
 
 from hold.cli import answers
 from hold.cli.answers import complete_var
@@ -68,9 +68,9 @@ def complete_run(words: list[str], incomplete: str) -> list[CompletionItem]:
 
 
 class RunCommand(click.Command):
-    """A command whose options are :mod:`hold.cli.runargs`'s: while completing, it keeps
-    the words as typed (``--`` included, which click's parser drops) and answers
-    from the option table."""
+    """A command whose options are ``hold run``'s (:mod:`hold.cli.options`): while
+    completing, it keeps the words as typed (``--`` included, which click's parser
+    drops) and answers from the option table."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if ctx.resilient_parsing:
@@ -95,8 +95,6 @@ RUN_SETTINGS: dict[str, Any] = {"ignore_unknown_options": True, "allow_intersper
 
 def complete_program(prog: str) -> int:
     """``npu-hold`` / ``gpu-hold`` with their completion variable set: answer the shell."""
-    from click.shell_completion import shell_complete
-
     cmd = RunCommand(
         prog, params=[run_arguments()], context_settings=RUN_SETTINGS, add_help_option=False
     )

@@ -1,11 +1,21 @@
-"""The ``hold`` command group (everything but the hot path, see :mod:`hold.cli.entry`)."""
+"""The ``hold`` command group (everything but the hot path, see :mod:`hold.cli.entry`).
+
+Click renders the group's help, usage, errors and completion, and reads every
+command's line but the fast ones of :mod:`hold.cli.options`; for ``audit``,
+``up`` and ``down`` it reads their ``--help`` and bad lines, with options made
+from those tables (:func:`options`), so that each option is declared once.
+Each command imports its own module inside it: the group is imported whole for
+any of them.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -19,7 +29,8 @@ from hold.cli.completion import (
     stack_values,
     unit_values,
 )
-from hold.cli.runargs import help_text
+from hold.cli.options import AUDIT_OPTIONS, DOWN_OPTIONS, UP_OPTIONS, Option, Table
+from hold.errors import HoldError
 from hold.protocol import Ev, Op
 from hold_supervisor.exitcodes import NO, SURVIVORS, TOOL, USAGE
 from hold_supervisor.parse import BadValue
@@ -28,6 +39,38 @@ from hold_supervisor.parse import BadValue
 # an hour) but not on a daemon that stops answering: hold.client.connection.ANSWER_TIMEOUT
 # of silence and it is asked whether it still reads (Client.recv_alive).
 RELEASE_TIMEOUT = 3600.0 + 60.0
+# What TAB offers for an option's value (Option.values), click's side.
+COMPLETIONS = {"classes": class_values}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def click_option(opt: Option) -> Callable[[F], F]:
+    """``opt`` (a row of :mod:`hold.cli.options`) as click's option."""
+    names = [opt.long, opt.short] if opt.short else [opt.long]
+    if opt.flag:
+        return click.option(*names, opt.dest, is_flag=True, help=opt.help, hidden=opt.hidden)
+    return click.option(
+        *names,
+        opt.dest,
+        default=opt.default,
+        show_default=opt.default is not None,
+        metavar=opt.metavar,
+        type=int if opt.integer else str,
+        help=opt.help,
+        hidden=opt.hidden,
+        shell_complete=COMPLETIONS.get(opt.values or ""),
+    )
+
+
+def options(table: Table) -> Callable[[F], F]:
+    """Every row of ``table`` as click's options, in the table's order."""
+
+    def apply(f: F) -> F:
+        for opt in reversed(table):
+            f = click_option(opt)(f)
+        return f
+
+    return apply
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,7 +93,7 @@ def cli() -> None:
     help="Run COMMAND; when it ends, everything it started ends (hold run --help).",
 )
 def run_cmd(args: tuple[str, ...]) -> None:
-    from hold.cli.run import main_run
+    from hold.cli.run import main_run  # lazy: only this command's module
 
     raise SystemExit(main_run(list(args)))
 
@@ -67,7 +110,7 @@ def _fail(msg: str, code: int = USAGE) -> None:
 
 
 def _state_dir(shared: bool = False) -> Any:
-    from hold.statedir import open_state_dir
+    from hold.statedir import open_state_dir  # lazy: only the commands that need it
 
     try:
         return open_state_dir(shared=shared)
@@ -76,6 +119,7 @@ def _state_dir(shared: bool = False) -> Any:
 
 
 def _classes() -> Any:
+    # lazy: only the commands that read the configuration
     from hold.config import load
     from hold.devices.classes import classes_from_config
 
@@ -130,13 +174,13 @@ def daemon_cmd(
         _install(unit_dir, start=not no_start)
     if reload_:
         _reload()
-    from hold.cli.daemon import serve
+    from hold.cli.daemon import serve  # lazy: only this command's module
 
     raise SystemExit(serve(detach=detach, idle_exit=idle_exit, system=system))
 
 
 def _install(unit_dir: str, start: bool) -> None:
-    from hold.cli.daemon import DaemonCommandError, install
+    from hold.cli.daemon import DaemonCommandError, install  # lazy: only this command's
 
     try:
         for line in install(unit_dir, start):
@@ -147,7 +191,7 @@ def _install(unit_dir: str, start: bool) -> None:
 
 
 def _reload() -> None:
-    from hold.cli.daemon import DaemonCommandError, reload
+    from hold.cli.daemon import DaemonCommandError, reload  # lazy: only this command's
 
     _classes()  # the file must read before the daemon is asked to
     try:
@@ -158,6 +202,7 @@ def _reload() -> None:
 
 
 def _client() -> Any:
+    # lazy: only the commands that ask the daemon
     from hold.client.connection import Client, DaemonUnreachable
     from hold_supervisor.safefile import UnsafePath
 
@@ -173,7 +218,7 @@ def _client() -> Any:
 def _status() -> Any:
     """The daemon's ``status`` answer; its refusal (over this user's limits, say)
     said as the daemon words it, with its exit status."""
-    from hold.client.connection import DaemonRefused
+    from hold.client.connection import DaemonRefused  # lazy: only the commands that ask
 
     try:
         return _client().ask({"op": Op.STATUS}, Ev.STATUS)
@@ -190,7 +235,7 @@ def status_cmd(as_json: bool) -> None:
     where its owner did not make it private. Devices leased through another
     arbiter (another user's own daemon) are shown from their kernel lock's record.
     """
-    from hold.views.status import SECOND_LOOK, main_status, unrated, with_gpu
+    from hold.views.status import SECOND_LOOK, main_status, unrated, with_gpu  # lazy: as above
 
     ans = _status()
     if not as_json and unrated(ans):  # a CPU per cent needs two readings: the second now
@@ -222,8 +267,7 @@ def top_cmd(delay: str, iterations: int | None) -> None:
     Not at a terminal, it prints N frames (-n, 1 by default) as plain lines.
     It never starts a daemon: with none, it says so and asks again.
     """
-    import signal
-
+    # lazy: only this command's modules
     from hold.cli.interrupt import Interrupted, interrupting
     from hold.cli.stackdir import running_stacks
     from hold.views.top import main_top, parse_delay
@@ -250,7 +294,7 @@ def top_cmd(delay: str, iterations: int | None) -> None:
 )
 def web_cmd(listen: str) -> None:
     """A read-only status page, live: devices, holders, queue, strays (GET only)."""
-    from hold.views.web import main_web
+    from hold.views.web import main_web  # lazy: only this command's module
 
     raise SystemExit(main_web(_state_dir(), _classes()[1], listen))
 
@@ -274,6 +318,7 @@ def check_cmd(cls: str, as_json: bool) -> None:
     caller is this program's parent, and this program (its child) is what
     the arbiter traces back to a lease's holder or cgroup leaf.
     """
+    # lazy: only this command's modules
     from hold.client.check import check_document, check_lease
     from hold.statedir import StateDir, default_path
 
@@ -294,7 +339,7 @@ def check_cmd(cls: str, as_json: bool) -> None:
 @click.argument("lease_id")
 def release_cmd(lease_id: str) -> None:
     """End a lease (yours, or any as root): its tree is stopped, with the survivor check."""
-    from hold.client.connection import DaemonSilent
+    from hold.client.connection import DaemonSilent  # lazy: only the commands that ask
 
     client = _client()
     try:
@@ -326,20 +371,7 @@ def release_cmd(lease_id: str) -> None:
 
 
 @cli.command("audit")
-@click.option(
-    "--device",
-    "cls",
-    default=None,
-    metavar="CLASS[:INDEX,...]",
-    help="Only this device class (only these of its devices).",
-    shell_complete=class_values,
-)
-@click.option("--user", default=None, metavar="USER", help="Only this user's processes (or uid).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema v1).")
-@click.option("--kill", is_flag=True, help="Stop the trees of stray holders.")
-@click.option("--yes", is_flag=True, help="With --kill: do not ask.")
-@click.option("--grace", default="10s", show_default=True, help="With --kill: grace period.")
-@click.option("--log", default=None, metavar="FILE", help="Append a JSON line per stray to FILE.")
+@options(AUDIT_OPTIONS)
 def audit_cmd(
     cls: str | None,
     user: str | None,
@@ -354,7 +386,7 @@ def audit_cmd(
     Exit 0 when every holder is covered, 1 when any is stray, 3 when --kill
     left survivors.
     """
-    from hold.cli.audit import run_audit  # also hold.cli.entry's way in, without click
+    from hold.cli.audit import run_audit  # lazy: only this command's module
 
     raise SystemExit(run_audit(cls, as_json, kill, yes, grace, user, log))
 
@@ -377,10 +409,8 @@ def report_cmd(since: str | None, as_json: bool) -> None:
     Every user sees everyone's totals; other users' labels only where the
     configuration says report: {labels: true}, and never a private one.
     """
-    from hold.errors import HoldError
+    # lazy: only this command's modules
     from hold.views.report import fetch, main_report, parse_since
-    from hold_supervisor.exitcodes import TOOL
-    from hold_supervisor.parse import BadValue
 
     cfg, _ = _classes()
     try:
@@ -401,6 +431,7 @@ def report_cmd(since: str | None, as_json: bool) -> None:
 def metrics_cmd(output: str | None) -> None:
     """This machine's devices and tickets in Prometheus' text format: per device
     leased, holder, waiters, lease age, strays; per class grants, expiries, waits."""
+    # lazy: only this command's modules
     from hold.views.audit import build_report
     from hold.views.metrics import main_metrics
     from hold.views.status import with_gpu
@@ -416,14 +447,10 @@ def metrics_cmd(output: str | None) -> None:
 
 @cli.command("up")
 @click.argument("file", type=click.Path())
-@click.option("--detach", "-d", is_flag=True, help="Run in the background; return once it is up.")
-@click.option(
-    "--for", "run_for", metavar="DURATION", help="Stop the stack this long after it is up."
-)
-@click.option("--status-fd", type=int, hidden=True)
+@options(UP_OPTIONS)
 def up_cmd(file: str, detach: bool, run_for: str | None, status_fd: int | None) -> None:
     """Start the units of a stack FILE in dependency order and supervise them."""
-    from hold.cli.stack import main_up
+    from hold.cli.stack import main_up  # lazy: only this command's module
 
     raise SystemExit(main_up(file, detach=detach, run_for=run_for, status_fd=status_fd))
 
@@ -434,7 +461,7 @@ def up_cmd(file: str, detach: bool, run_for: str | None, status_fd: int | None) 
 def validate_cmd(file: str, as_json: bool) -> None:
     """Check a stack FILE without starting anything (every error, with its line), and
     show what hold up would do."""
-    from hold.cli.stack import main_validate
+    from hold.cli.stack import main_validate  # lazy: only this command's module
 
     raise SystemExit(main_validate(file, as_json))
 
@@ -444,7 +471,7 @@ def validate_cmd(file: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ps_cmd(name: str | None, as_json: bool) -> None:
     """Running stacks, or the units of stack NAME."""
-    from hold.cli.stack import main_ps
+    from hold.cli.stack import main_ps  # lazy: only this command's module
 
     raise SystemExit(main_ps(name, as_json))
 
@@ -469,16 +496,17 @@ def logs_cmd(
     as_json: bool,
 ) -> None:
     """The output of stack NAME: every unit's, interleaved by time, or UNIT's."""
-    from hold.cli.stack import main_logs
+    from hold.cli.stack import main_logs  # lazy: only this command's module
 
     raise SystemExit(main_logs(name, unit, follow, lines, since, as_json))
 
 
 @cli.command("down")
 @click.argument("name", shell_complete=stack_values)
+@options(DOWN_OPTIONS)
 def down_cmd(name: str) -> None:
     """Stop stack NAME: reverse order, each unit's signal and grace, survivor check."""
-    from hold.cli.stack import main_down
+    from hold.cli.stack import main_down  # lazy: only this command's module
 
     raise SystemExit(main_down(name))
 
@@ -488,7 +516,7 @@ def down_cmd(name: str) -> None:
 @click.argument("unit", shell_complete=unit_values)
 def restart_cmd(name: str, unit: str) -> None:
     """Stop UNIT of stack NAME (its whole tree) and start it again."""
-    from hold.cli.stack import main_restart
+    from hold.cli.stack import main_restart  # lazy: only this command's module
 
     raise SystemExit(main_restart(name, unit))
 
@@ -519,7 +547,7 @@ def call_cmd(
     The stack checks the arguments (exit 2 if refused), runs the task on its
     CPU lane and stops it at its timeout (exit 124). Ctrl-C cancels the call.
     """
-    from hold.cli.call import main_call
+    from hold.cli.call import main_call  # lazy: only this command's module
 
     raise SystemExit(main_call(name, unit, list(arg_pairs), json_args, no_wait, as_json))
 
@@ -537,4 +565,4 @@ def completion_cmd(shell: str) -> None:
     click.echo(script(shell, cli), nl=False)
 
 
-__all__ = ["cli", "help_text"]
+__all__ = ["cli"]

@@ -1,5 +1,5 @@
-"""``hold run`` / ``npu-hold`` / ``gpu-hold``: parse strictly (:mod:`hold.cli.runargs`,
-hand-written, not click: this is the hot path), then run to the end.
+"""``hold run`` / ``npu-hold`` / ``gpu-hold``: parse strictly (:mod:`hold.cli.runargs`
+by :mod:`hold.cli.options`, not click: this is the hot path), then run to the end.
 
 The flow: connect to the daemon (starting one if none answers); with a
 device, ask for a lease and wait in line; register the command's tree (its
@@ -32,22 +32,41 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from hold.cli.runargs import RunArgs, UsageError, help_text, parse_run_args, usage_for
+from hold.cli.interrupt import Interrupted, interrupting
+from hold.cli.options import UsageError
+from hold.cli.runargs import RunArgs, help_text, parse_run_args, usage_for
+from hold.client.connection import Client, DaemonSilent
 from hold.client.lease import DEFAULT_TTL
 from hold.client.session import DaemonLost, LeaseSession
-from hold.config import CGROUP_MODES
+from hold.config import (
+    CGROUP_MODES,
+    Config,
+    config_path,
+    fingerprint,
+    parse_file,
+    scratch_min_free,
+)
+from hold.devices.classes import (
+    DeviceClass,
+    classes_from_config,
+    classes_from_defs,
+    parse_device_spec,
+)
 from hold.protocol import Ev
+from hold.statedir import StateDir, open_state_dir
 from hold_supervisor import exitcodes
+from hold_supervisor.environ import DEFAULT_ALLOW, minimal_env
 from hold_supervisor.parse import BadValue, format_duration
+from hold_supervisor.proc.cgroup import CgroupUnavailable
+from hold_supervisor.safefile import UnsafePath
+from hold_supervisor.spawn.child import SpawnError, resolve
+from hold_supervisor.spawn.containment import Containment, choose, leaf_path
+from hold_supervisor.spawn.foreground import Foreground, RunResult, is_foreground_tty
+from hold_supervisor.spawn.intoleaf import preload
 
-if TYPE_CHECKING:  # imported where used: see the module docstring
-    from hold.client.connection import Client
-    from hold.devices.classes import DeviceClass
-    from hold.statedir import StateDir
+if TYPE_CHECKING:
     from hold_supervisor.cause import Cause
     from hold_supervisor.proc.tree import Tree
-    from hold_supervisor.spawn.containment import Containment
-    from hold_supervisor.spawn.foreground import Foreground, RunResult
 
 
 def main_run(argv: list[str], prog: str = "hold run", device: str | None = None) -> int:
@@ -68,7 +87,7 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
         print(help_text(usage))
         return 0
     if args.version:
-        from hold.version import version_line
+        from hold.version import version_line  # lazy: only for --version
 
         print(version_line(prog))
         return 0
@@ -78,11 +97,9 @@ def main_run(argv: list[str], prog: str = "hold run", device: str | None = None)
         print(f"{prog}: {e}", file=sys.stderr)
         return exitcodes.USAGE
     if args.adopt is not None:
-        from hold.cli.adopt import main_adopt  # only with --adopt: off npu-hold's path
+        from hold.cli.adopt import main_adopt  # lazy: only with --adopt, off npu-hold's path
 
         return main_adopt(args, prog, setup)
-    from hold.cli.interrupt import Interrupted, interrupting
-
     try:
         # Until the command runs (its own handlers take over then).
         with interrupting((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
@@ -120,8 +137,6 @@ def _setup(args: RunArgs) -> Setup:
     Otherwise the file is read and checked whole, as before, and nothing is
     started before it passed.
     """
-    from hold.config import Config, config_path, fingerprint, parse_file
-
     path = config_path()
     digest = fingerprint(path)
     client, silent = _probe() if path is not None or args.device is not None else (None, None)
@@ -135,15 +150,10 @@ def _setup(args: RunArgs) -> Setup:
         and isinstance(defs, dict)
         and isinstance(sizes, dict)
     ):
-        from hold.devices.classes import classes_from_defs
-
         spec = _spec(args, classes_from_defs(defs), sizes)
         return Setup(str(arbiter["cgroups"]), client.sd, spec, digest, client, None)
     cfg = parse_file(path) if path is not None else Config()
     try:
-        from hold.devices.classes import classes_from_config
-        from hold.statedir import open_state_dir
-
         spec = _spec(args, classes_from_config(cfg.devices, cfg.path), None)
         sd = client.sd if client is not None else open_state_dir()
     except BaseException:
@@ -161,9 +171,6 @@ def _setup(args: RunArgs) -> Setup:
 def _probe() -> tuple[Client | None, Exception | None]:
     """A session with a daemon already serving our state directory, or None;
     and why not, where one is there but did not answer (``DaemonSilent``)."""
-    from hold.client.connection import Client, DaemonSilent
-    from hold.statedir import open_state_dir
-
     try:
         sd = open_state_dir(create=False)
     except (BadValue, OSError):
@@ -178,8 +185,6 @@ def _spec(
     args: RunArgs, classes: Mapping[str, DeviceClass], sizes: Mapping[str, int] | None
 ) -> Spec | None:
     """The ``--device`` asked for, checked against the classes; None without one."""
-    from hold.devices.classes import parse_device_spec
-
     if args.device is None:
         return None
     spec = parse_device_spec(args.device, classes, sizes=sizes)
@@ -212,11 +217,6 @@ class Run:
 
     def execute(self) -> int:
         """Connect, wait in line, run the command in the foreground; its exit status."""
-        from hold_supervisor.environ import DEFAULT_ALLOW, minimal_env
-        from hold_supervisor.proc.cgroup import CgroupUnavailable
-        from hold_supervisor.spawn.child import SpawnError, resolve
-        from hold_supervisor.spawn.containment import choose
-
         args = self.args
         try:
             containment = choose(self.cgroups)
@@ -250,9 +250,7 @@ class Run:
         if not self.args.scratch:
             yield None
             return
-        from hold.config import scratch_min_free
-        from hold_supervisor.safefile import UnsafePath
-        from hold_supervisor.spawn.scratch import ScratchError, scoped
+        from hold_supervisor.spawn.scratch import ScratchError, scoped  # lazy: only --scratch
 
         try:
             scope = scoped(self.args.keep_scratch, self.say, min_free=scratch_min_free())
@@ -267,9 +265,6 @@ class Run:
             yield None
 
     def _execute(self, env: dict[str, str], tree_id: str, containment: Containment) -> int:
-        from hold_supervisor.spawn.foreground import Foreground, is_foreground_tty
-        from hold_supervisor.spawn.intoleaf import preload
-
         args = self.args
         # The daemon first: if we have to start it, it must not be our child
         # while we are a subreaper (prepare() below may make us one).
@@ -322,10 +317,6 @@ class Run:
 
     def _run(self, fg: Foreground, tree: dict[str, object]) -> int:
         """The leaf, the tree registered, the command run and stopped; its exit status."""
-        from hold_supervisor.proc.cgroup import CgroupUnavailable
-        from hold_supervisor.spawn.child import SpawnError
-        from hold_supervisor.spawn.containment import leaf_path
-
         session = self.session
         assert session is not None
         try:
@@ -420,7 +411,7 @@ class Run:
         meanwhile: Callable[[], None] | None,
     ) -> int | None:
         """Wait in line for the lease; None once granted (env filled in), else an exit status."""
-        from hold.client.waitline import WaitLine
+        from hold.client.waitline import WaitLine  # lazy: only with a device to wait for
 
         assert self.spec is not None
         args = self.args

@@ -6,13 +6,16 @@ started before the file is read so that its imports overlap the validation).
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import sys
 from typing import TYPE_CHECKING
 
 from hold.cli.stackdir import load_checked, open_sd, say
 from hold.cli.stackrun import UpSettings, run_up
+from hold.cli.upchild import Starter
 from hold_supervisor.exitcodes import USAGE
-from hold_supervisor.parse import BadValue
+from hold_supervisor.parse import BadValue, parse_duration
 
 if TYPE_CHECKING:
     from hold_supervisor.stackfile.spec import StackSpec
@@ -23,8 +26,6 @@ def with_scratch_floor(spec: StackSpec, floor: int | None) -> StackSpec:
     every unit's scratch that names none of its own (None: the built-in default)."""
     if floor is None:
         return spec
-    import dataclasses
-
     units = {
         name: dataclasses.replace(u, scratch=dataclasses.replace(u.scratch, min_free=floor))
         if u.scratch is not None and u.scratch.min_free is None
@@ -40,12 +41,11 @@ def main_up(
     """``hold up``; the exit status (see the README's table)."""
     starter = None
     if detach:
-        from hold.cli.upchild import Starter
-
         # First: the background interpreter starts and imports while we validate.
         starter = Starter()
+    # lazy: the configuration's and the stack file's readers (YAML) load after the
+    # fork above, while the background supervisor starts
     from hold.config import load
-    from hold_supervisor.parse import parse_duration
     from hold_supervisor.stackfile.load import StackFileError
 
     try:
@@ -74,8 +74,6 @@ def main_up(
         if code == 0:
             # The command ends now, the stack up: freezing what it made skips the
             # interpreter's last collection over it (~5 ms of the return, issue 13).
-            import gc
-
             gc.freeze()
         return code
     return run_up(spec, sd, settings, seconds, status_fd)
