@@ -628,3 +628,41 @@ def test_a_missing_cwd_is_refused_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(SpawnError) as info:
         spawn(["true"], env=_env(), cwd=str(tmp_path / "none"))
     assert info.value.exit_code == 2 and "no such directory" in str(info.value)
+
+
+def test_a_child_that_exits_at_once_is_never_reaped_as_an_orphan() -> None:
+    """Children that exit at once, spawned while another thread reaps adopted
+    orphans in a loop (a stack's loop does on each SIGCHLD, beside its units' job
+    threads spawning readiness probes): each is reaped by its own Child, with its
+    status, and spawn never fails. Before the spawned pids were written down
+    under a lock, the reaper could take one for an orphan and reap it between
+    the fork and the note (the spawn then failed with NoSuchProcess)."""
+    from hold_supervisor.proc.stop import reap_adopted
+
+    env = minimal_env(os.environ, tree_id="t-reap")
+    stop = threading.Event()
+
+    def reap_all_the_time() -> None:
+        while not stop.is_set():
+            reap_adopted(owned_pids())
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads change places as often as they can
+    reaper = threading.Thread(target=reap_all_the_time)
+    reaper.start()
+    problems: list[str] = []
+    try:
+        for _ in range(300):
+            try:
+                child = spawn(["/bin/sh", "-c", "exit 3"], env=env)
+                code = child.wait()
+            except Exception as e:
+                problems.append(repr(e))
+                continue
+            if code != 3:
+                problems.append(f"status {code}")
+    finally:
+        stop.set()
+        reaper.join()
+        sys.setswitchinterval(old)
+    assert problems == []

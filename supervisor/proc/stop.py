@@ -57,7 +57,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from hold_supervisor.proc import scan
+from hold_supervisor.proc import scan, spawned
 from hold_supervisor.proc.identity import AccessDenied, Handle, NoSuchProcess, ProcessId, Stat
 from hold_supervisor.proc.survivors import (
     Holder,
@@ -200,7 +200,7 @@ def _freeze_adopted(tree: Tree, frozen: dict[int, Member], stopped: dict[int, Me
     gone: set[int] = set()
     quiet = 0
     for _ in range(_ADOPTED_ROUNDS):
-        todo = [p for p in scan.children_of_self() if p not in tree.owned]
+        todo = [p for p in scan.children_of_self() if not tree.spawned_here(p)]
         for pid in watch:
             if pid not in gone:
                 todo += scan.children_of(pid) or ()
@@ -214,7 +214,7 @@ def _freeze_adopted(tree: Tree, frozen: dict[int, Member], stopped: dict[int, Me
                 # one a millisecond, and reading them all again each round
                 # would make the rounds as slow as the walk.
                 gone.add(pid)
-                if st is not None and pid not in tree.owned:
+                if st is not None and not tree.spawned_here(pid):
                     try:
                         os.waitpid(pid, os.WNOHANG)
                     except ChildProcessError:
@@ -263,7 +263,9 @@ def reap_adopted(owned: frozenset[int]) -> None:
         if pid in owned:
             continue
         st = scan.stat_of(pid)
-        if st is not None and st.is_dead:
+        # Asked after the zombie is seen: a spawn that made it has written it
+        # down by then (hold_supervisor.proc.spawned), a snapshot may predate it.
+        if st is not None and st.is_dead and not spawned.is_spawned(pid):
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:

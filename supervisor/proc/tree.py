@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from hold_supervisor.environ import MARKER
-from hold_supervisor.proc import scan
+from hold_supervisor.proc import scan, spawned
 from hold_supervisor.proc.cache import ProcCache, listing
 from hold_supervisor.proc.cgroup import Leaf
 from hold_supervisor.proc.identity import (
@@ -149,6 +149,12 @@ class Tree:
         # /proc as the last walk listed it (inode numbers by name): a
         # confirming look reads only what is new since, or a reused pid.
         self._inos: dict[str, int] = {}
+
+    def spawned_here(self, pid: int) -> bool:
+        """Whether our child ``pid`` was made by a spawn (its :class:`Child` reaps
+        it; never "adopted"): in ``owned``, or in :mod:`hold_supervisor.proc.spawned`
+        now -- a spawn still in flight is waited for, not taken for an orphan."""
+        return pid in self.owned or spawned.is_spawned(pid)
 
     @property
     def marker(self) -> bytes:
@@ -364,7 +370,7 @@ class Tree:
                 add(st.pid, "group")
             if self.sid is not None and st.session == self.sid and self._plausible(st):
                 add(st.pid, "session")
-            if self.adopts_orphans and st.ppid == me and st.pid not in self.owned:
+            if self.adopts_orphans and st.ppid == me and not self.spawned_here(st.pid):
                 add(st.pid, "adopted")
         for pid in marked:
             add(pid, "marker")
@@ -455,7 +461,7 @@ class Tree:
         if self.adopts_orphans:
             # Orphans come to us (a subreaper) whatever cgroup they moved to.
             for pid in scan.children_of_self():
-                if pid not in self.owned:
+                if not self.spawned_here(pid):
                     found.setdefault(pid, []).append("adopted")
         # A member's children outside the leaf left it (a child is born in its
         # parent's cgroup): one read per member, never every process.

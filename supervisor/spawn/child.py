@@ -33,13 +33,12 @@ import os
 import select
 import signal
 import stat
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 from hold_supervisor.errors import SupervisorError
 from hold_supervisor.exitcodes import NOT_EXECUTABLE, NOT_FOUND, TOOL
 from hold_supervisor.parse import format_cpus
-from hold_supervisor.proc import scan
+from hold_supervisor.proc import scan, spawned
 from hold_supervisor.proc.cgroup import Leaf
 from hold_supervisor.proc.identity import Handle, ProcessId, read_stat
 from hold_supervisor.spawn.intoleaf import ChdirFailed, clone_into
@@ -97,15 +96,9 @@ def resolve(program: str, path: str | None, cwd: str | None = None) -> str:
     raise SpawnError(f"{program}: command not found", NOT_FOUND)
 
 
-# Children spawned here and not yet reaped, by pid. A subreaper that adopts
-# orphans must reap only the pids that are *not* here (never waitpid(-1)).
-_owned: set[int] = set()
-_owned_lock = threading.Lock()
-
-
 def owned_pids() -> frozenset[int]:
-    with _owned_lock:
-        return frozenset(_owned)
+    """Our children that a spawn made and their owners have not reaped yet."""
+    return spawned.pids()
 
 
 class Child:
@@ -176,8 +169,7 @@ class Child:
             self.returncode = res.si_status
         else:
             self.returncode = -res.si_status
-        with _owned_lock:
-            _owned.discard(self.pid)
+        spawned.forget(self.pid)
         self.handle.close()
 
     def send_signal(self, sig: int) -> None:
@@ -243,7 +235,9 @@ def spawn(
     """
     program = _checked(argv, env, cpus, cwd)
     actions = _fd_actions(stdin, stdout, stderr, pass_fds)
-    with _pinned(cpus):
+    # The pid is written down before anyone may ask whether it is an orphan
+    # (see hold_supervisor.proc.spawned: a child can exit before spawn returns).
+    with spawned.registering() as register, _pinned(cpus):
         try:
             pid = None
             if cgroup is not None:  # born in the leaf where the kernel allows it
@@ -260,9 +254,7 @@ def spawn(
             raise SpawnError(f"{argv[0]}: permission denied", NOT_EXECUTABLE) from None
         except OSError as e:
             raise SpawnError(f"{argv[0]}: {e.strerror}", NOT_EXECUTABLE) from None
-
-    with _owned_lock:
-        _owned.add(pid)
+        register(pid)
     # The child is ours and unreaped, so its pid cannot be reused yet: the
     # identity read here is the child's own.
     ident = ProcessId(pid, read_stat(pid).starttime)
