@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import HOLD
@@ -41,7 +42,11 @@ def test_a_hostile_lock_record_is_shown_escaped(isolated_hold: Path) -> None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Every field a record has (one with a field missing is no record at all,
+        # hold.documents.LockRecord), its texts hostile.
+        now = time.time()
         record = {"user": EVIL, "label": EVIL, "pid": 1, "lease": EVIL, "cls": "npu"}
+        record |= {"uid": 0, "start": 1, "since": now, "until": now + 60, "arbiter": EVIL}
         record["daemon_pid"] = os.getpid()  # the kernel's holder: the record is believed
         os.write(fd, json.dumps(record).encode())
         res = subprocess.run(
