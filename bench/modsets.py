@@ -5,16 +5,19 @@
 
 Each version (checked out as :mod:`bench.ab` does) runs the same commands in a
 world of its own (state directory, configuration naming a file-backed ``npu``
-class, home, lock directory): ``npu-hold --device npu -- true`` twice (the first
-autostarts the daemon), ``hold run -- true`` (cgroups ``auto`` and ``off``),
-``hold --version``, ``hold check``, ``hold status --json``, plain ``hold audit``,
-a TAB after ``hold st`` and ``npu-hold --de``, ``hold up --detach FILE`` and
-``hold down NAME``. Every Python process they start, forks included (the
-daemon, the stack's background supervisor, a keeper), records what it imports:
-a ``sitecustomize`` put in front of ``PYTHONPATH`` adds an audit hook that
+class, home, lock directory): ``npu-hold --device npu -- true`` twice (the
+first autostarts the daemon), ``hold run -- true`` (cgroups ``auto`` and
+``off``), ``hold --version``, ``hold check``, ``hold status --json``, plain
+``hold audit``, a TAB after ``hold st`` and ``npu-hold --de``, and ``hold up
+--detach FILE`` then ``hold down NAME`` of a stack of one service, and of one
+with a oneshot and a task too, called once (``hold call NAME TASK``).
+
+Every Python process they start, forks included (the daemon, a stack's
+background supervisor, a keeper), records what it imports: a
+``sitecustomize`` put in front of ``PYTHONPATH`` adds an audit hook that
 appends each module's name, as it is first imported, to one log per command
-(a fork's set starts as its parent's at the fork). Nothing of this is
-in the code measured.
+(a fork starts with its parent's modules at the fork). Nothing of this is in
+the code measured.
 
 The table gives each process's count of modules per version; a process whose
 set grew is marked, and the exit status is 1 if any did.
@@ -74,6 +77,12 @@ if _LOG:
     sys.addaudithook(_hook)
 """
 
+# The second stack's other units: a oneshot, and a task with a scratch directory.
+TASKS = (
+    "  prep: {{kind: oneshot, cmd: ['true']}}\n"
+    "  job: {{kind: task, cpus: '{cpu}', scratch: {{}},\n"
+    "        cmd: [sh, -c, 'echo x > $HOLD_SCRATCH/f']}}\n"
+)
 NPU = "import sys; from {entry} import npu_main; sys.exit(npu_main())"
 HOLD = "import sys; from {entry} import main; sys.exit(main(sys.argv[1:]))"
 
@@ -117,11 +126,12 @@ def world(code: Path, at: Path) -> dict[str, str]:
     )
     (at / "site").mkdir(exist_ok=True)
     (at / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    (at / "stack.yaml").write_text(
-        f"name: modsets\nunits:\n  one:\n"
-        f'    cmd: [sh, -c, "echo $$ > {at}/unit.pid; exec sleep 60"]\n'
-        f'    ready: {{file: "{at}/unit.pid"}}\n'
-    )
+    for name, more in (("plain", ""), ("tasks", TASKS.format(cpu=max(os.sched_getaffinity(0))))):
+        (at / f"{name}.yaml").write_text(
+            f"name: {name}\nunits:\n  one:\n"
+            f'    cmd: [sh, -c, "echo $$ > {at}/{name}.pid; exec sleep 60"]\n'
+            f'    ready: {{file: "{at}/{name}.pid"}}\n{more}'
+        )
     env = {
         k: v
         for k, v in os.environ.items()
@@ -164,25 +174,29 @@ def measure(code: Path, at: Path) -> dict[str, dict[str, set[str]]]:
             npu,
             {"_NPU_HOLD_COMPLETE": "bash_complete", "COMP_WORDS": "npu-hold --de", **tab},
         ),
-        ("hold up --detach FILE", [*hold, "up", "--detach", str(at / "stack.yaml")], {}),
-        ("hold down NAME", [*hold, "down", "modsets"], {}),
+        ("hold up --detach FILE", [*hold, "up", "--detach", str(at / "plain.yaml")], {}),
+        ("hold down NAME", [*hold, "down", "plain"], {}),
+        ("hold up --detach FILE (a task)", [*hold, "up", "--detach", str(at / "tasks.yaml")], {}),
+        ("hold call NAME TASK", [*hold, "call", "tasks", "job"], {}),
+        ("hold down NAME (a task)", [*hold, "down", "tasks"], {}),
     ]
     out: dict[str, dict[str, set[str]]] = {}
     try:
+        logs = {}
         for i, (name, argv, extra) in enumerate(cmds):
-            log = at / f"log{i}"
+            logs[name] = log = at / f"log{i}"
             run_env = dict(env, **extra, MODSETS_LOG=str(log))
             res = subprocess.run(argv, env=run_env, cwd=at, capture_output=True, timeout=120)
             if res.returncode not in (0, 1):  # check/status may say 1 (nothing held)
                 raise SystemExit(f"{name} ({code}): exit {res.returncode}\n{res.stderr.decode()}")
             if name.startswith("hold up"):
-                _wait_for(at / "unit.pid")
+                _wait_for(at / f"{argv[-1][:-5]}.pid")
             out[name] = processes(log, at)
-        # The long-lived ones, named by the command that started them.
-        # The long-lived ones again, once every command above has been served.
-        for cmd, log in (("npu-hold", "log0"), ("hold up", "log10")):
-            later = processes(at / log, at)
-            out[f"{cmd}'s children, after all"] = dict(list(later.items())[1:])
+        # The long-lived ones (the daemon, each stack's supervisor) again, once
+        # every command above has been served.
+        for name in ("npu-hold -- true (autostart)", *(n for n in logs if n.startswith("hold up"))):
+            later = processes(logs[name], at)
+            out[f"{name}: its children, after all"] = dict(list(later.items())[1:])
     finally:
         _stop(at / "state" / "daemon.lock")
     return out
