@@ -72,6 +72,7 @@ if _LOG:
 
     def _before():
         _parent[0] = os.getpid()
+        _write("FORKING", "")
 
     os.register_at_fork(before=_before, after_in_child=_forked)
     sys.addaudithook(_hook)
@@ -89,10 +90,13 @@ HOLD = "import sys; from {entry} import main; sys.exit(main(sys.argv[1:]))"
 
 def processes(log: Path, world: Path) -> dict[str, set[str]]:
     """Each Python process of one command, named by its command line (forks:
-    ``+fork``, numbered if one parent forked twice), and the modules it held."""
+    ``+fork``, numbered if one parent forked twice), and the modules it held;
+    for one that forked, also those it held when it first did (what a
+    fork-first design such as ``hold up --detach``'s keeps small)."""
     own: dict[int, set[str]] = {}
     names: dict[int, str] = {}
     order: list[int] = []
+    first_fork: dict[int, set[str]] = {}
     for line in log.read_text().splitlines() if log.exists() else []:
         pid_s, kind, text = line.split("\t", 2)
         pid = int(pid_s)
@@ -109,9 +113,17 @@ def processes(log: Path, world: Path) -> dict[str, set[str]]:
             taken = sum(1 for n in names.values() if n.startswith(base))
             names[pid] = base if not taken else f"{base}#{taken + 1}"
             order.append(pid)
+        elif kind == "FORKING":
+            if pid not in first_fork:  # what the parent had imported when it first forked
+                first_fork[pid] = set(own.get(pid, ()))
         else:
             own.setdefault(pid, set()).add(text)
-    return {names.get(p, str(p)): own[p] for p in order}
+    out = {}
+    for p in order:
+        out[names.get(p, str(p))] = own[p]
+        if p in first_fork:
+            out[f"{names.get(p, str(p))} (at its first fork)"] = first_fork[p]
+    return out
 
 
 def world(code: Path, at: Path) -> dict[str, str]:
