@@ -172,6 +172,11 @@ def measure(code: Path, at: Path) -> dict[str, dict[str, set[str]]]:
         ("npu-hold -- true", [*npu, "--device", "npu", "--", "true"], {}),
         ("hold run -- true", [*hold, "run", "--", "true"], {}),
         (
+            "hold run -- true (no configuration file)",
+            [*hold, "run", "--", "true"],
+            {"HOLD_CONFIG": ""},
+        ),
+        (
             "hold run -- true (cgroups: off)",
             [*hold, "run", "--", "true"],
             {"HOLD_CONFIG": str(at / "walk.yaml")},
@@ -197,7 +202,8 @@ def measure(code: Path, at: Path) -> dict[str, dict[str, set[str]]]:
         logs = {}
         for i, (name, argv, extra) in enumerate(cmds):
             logs[name] = log = at / f"log{i}"
-            run_env = dict(env, **extra, MODSETS_LOG=str(log))
+            run_env = {k: v for k, v in {**env, **extra}.items() if v}  # "": unset
+            run_env["MODSETS_LOG"] = str(log)
             res = subprocess.run(argv, env=run_env, cwd=at, capture_output=True, timeout=120)
             if res.returncode not in (0, 1):  # check/status may say 1 (nothing held)
                 raise SystemExit(f"{name} ({code}): exit {res.returncode}\n{res.stderr.decode()}")
