@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from hold.client import waits
-from hold_supervisor.parse import BadValue
+from hold.protocol import check_label
+from hold_supervisor.parse import BadValue, did_you_mean
+from hold_supervisor.proc.scan import stall_hint
 
 if TYPE_CHECKING:
     from hold.config import Config
@@ -35,7 +38,6 @@ def load_checked(path: str, cfg: Config | None = None) -> StackSpec:
     """
     from hold.config import load
     from hold.devices.classes import classes_from_config, parse_device_spec
-    from hold.protocol import check_label
     from hold_supervisor.stackfile.load import load as load_stack
 
     cfg = load() if cfg is None else cfg
@@ -112,8 +114,6 @@ def known_stacks() -> list[str]:
 def no_such_stack(name: str, prog: str, *, ever: bool = False) -> None:
     """Say that no stack ``name`` is running (``ever``: has ever run here), with the
     closest name of the stacks that exist. The caller returns ``NO`` (exit 1)."""
-    from hold_supervisor.parse import did_you_mean
-
     others = [n for n in known_stacks() if n != name]
     if ever:
         where = os.path.join(open_sd().stacks(), "")
@@ -152,8 +152,6 @@ def supervisor_of(name: str) -> int | None:
 
 def stopped_text(pid: int | None) -> str:
     """``" (its process is stopped: ...)"`` where the kernel says it is (``""`` else)."""
-    from hold_supervisor.proc.scan import stall_hint
-
     return stall_hint(pid, waiting=False)
 
 
@@ -167,8 +165,6 @@ def running_stacks(only: set[str] | None = None) -> tuple[list[dict[str, Any]], 
     """The running stacks' ``ps`` answers, and the names of those that did not
     answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
     stack costs that wait once, not once per stack). ``only``: these names alone."""
-    import threading
-
     from hold_supervisor.stack.controlsock import NoAnswer, request
     from hold_supervisor.stack.wire import StackOp
 

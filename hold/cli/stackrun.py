@@ -26,6 +26,7 @@ from hold.cli.stackdir import run_dir_of, say
 from hold.documents import UpStatus
 from hold.protocol import Ev
 from hold_supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
+from hold_supervisor.proc.cgroup import CgroupUnavailable
 
 if TYPE_CHECKING:
     from hold.client.session import LeaseSession
@@ -155,7 +156,6 @@ class StackRun:
 
     def execute(self) -> int:
         from hold.client.session import LeaseSession
-        from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.spawn.containment import choose
         from hold_supervisor.stack.display import Display
         from hold_supervisor.stack.stack import Stack, StackError

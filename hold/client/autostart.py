@@ -16,6 +16,7 @@ import time
 from hold.client.reach import DaemonUnreachable, UnsafeStateFile, try_connect
 from hold.statedir import StateDir
 from hold_supervisor.safefile import UnsafePath, check_file, open_for_append, open_for_read
+from hold_supervisor.spawn.child import close_actions
 
 
 def start_daemon(sd: StateDir, timeout: float) -> None:
@@ -114,7 +115,6 @@ def _spawn_daemon(sd: StateDir, timeout: float) -> bool:
     # with it. So it is no subreaper until the daemon has left (an orphan of
     # the tree in that instant is still found by its marker).
     from hold_supervisor.proc.reaper import become_subreaper, is_subreaper
-    from hold_supervisor.spawn.child import close_actions
 
     was_subreaper = is_subreaper()
     if was_subreaper:

@@ -40,6 +40,7 @@ good fraction of a second and must not stall the event loop.
 from __future__ import annotations
 
 import os
+import pwd
 import threading
 from typing import Any, Literal, NamedTuple
 
@@ -216,8 +217,6 @@ class Look(NamedTuple):
 
     def why_unproven(self, cls: str) -> str:
         """For a refused client: which devices, why, and what to do."""
-        import pwd
-
         me = pwd.getpwuid(os.geteuid()).pw_name
         names = ", ".join(f"{cls}:{i}" for i in sorted(self.unproven))
         return (
