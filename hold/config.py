@@ -16,7 +16,8 @@ import os
 import stat
 from typing import Any, NamedTuple
 
-from hold_supervisor.parse import BadValue, did_you_mean
+from hold.devices.classes import classes_from_config
+from hold_supervisor.parse import BadValue, did_you_mean, parse_duration
 
 CGROUP_MODES = ("auto", "off", "required")
 BUSY_MODES = ("wait", "warn")
@@ -188,8 +189,6 @@ def parse_file(path: str) -> Config:
     # The device classes are checked now, whoever reads the file: a typo
     # there is the same error (file:line) for every command, not only those
     # that name a device.
-    from hold.devices.classes import classes_from_config
-
     try:
         classes_from_config(values.get("devices"), path)
     except BadValue as e:
@@ -283,8 +282,6 @@ def _report(node: Any, path: str, problems: list[BadValue]) -> dict[str, Any]:
 
     A bad key or value is added to ``problems``; a section that is not a mapping is raised.
     """
-    from hold_supervisor.parse import parse_duration
-
     out: dict[str, Any] = {}
     for key, (knode, vnode) in _mapping(node, path, "report").items():
         where = f"{path}:{knode.start_mark.line + 1}"

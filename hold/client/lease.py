@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from hold.client.connection import ANSWER_TIMEOUT, DaemonSilent, DaemonUnreachable
 from hold.protocol import Ev, Op
-from hold_supervisor.exitcodes import BUSY, TOOL
+from hold_supervisor.exitcodes import BUSY, TOOL, USAGE
 from hold_supervisor.parse import format_duration, format_until, format_when, time_left
 from hold_supervisor.width import shown
 
@@ -89,7 +90,6 @@ def acquire_lease(
     if klass is not None and short:
         # Refused here, saying why (a Slurm job given no GPU must not wait in line).
         from hold.devices.gpuids import why_unusable
-        from hold_supervisor.exitcodes import USAGE
 
         say(why_unusable(klass, os.environ, wanted))
         return USAGE
@@ -213,7 +213,6 @@ class _Line:
         then each second for the live line; at the deadline; and after
         :data:`~hold.client.connection.ANSWER_TIMEOUT` without a word, to ask whether the
         daemon still reads."""
-        from hold.client.connection import ANSWER_TIMEOUT
         from hold.client.waitline import REFRESH
 
         marks = [self.heard + ANSWER_TIMEOUT]
@@ -228,8 +227,6 @@ class _Line:
 
     def _ask_a_new_daemon(self) -> bool:
         """A new session (a daemon started if need be) and the request again."""
-        from hold.client.connection import DaemonUnreachable
-
         try:
             self.client.reopen()
             self.client.send(self.ask)
@@ -242,8 +239,6 @@ class _Line:
         """Nothing heard by the wake time: give up at the deadline; ask a daemon
         silent for too long whether it still reads (125 if not); else say who
         holds the device."""
-        from hold.client.connection import ANSWER_TIMEOUT, DaemonSilent
-
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
             self.say(f"{self.cls} not granted within {self.wait_timeout:g}s; giving up")
@@ -315,8 +310,6 @@ def daemon_event(client: Client, say: Callable[[str], None]) -> tuple[str, str] 
     If the daemon went away (crashed, restarted), one is started and the
     session re-attached; "lost" if that fails.
     """
-    from hold.client.connection import DaemonUnreachable
-
     msgs = client.read_available()
     if msgs is None:
         try:
