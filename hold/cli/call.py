@@ -230,7 +230,7 @@ def _wait(accepted: dict[str, Any], run_until: float | None) -> tuple[float, str
 
 
 def _say_silent(name: str, what: str) -> None:
-    from hold.cli.stackdir import stopped_text, supervisor_of  # only on this path
+    from hold.cli.stackdir import stopped_text, supervisor_of  # only for a silent stack
 
     pid = supervisor_of(name)
     who = f"the supervisor of stack {name}" + (f" (pid {pid})" if pid is not None else "")

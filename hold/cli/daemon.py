@@ -89,6 +89,7 @@ def announce(
 def install(unit_dir: str, start: bool) -> Iterator[str]:
     """``--install``: the lines to say, as each step is done; :class:`DaemonCommandError`
     for a step that could not be."""
+    # lazy: --install only; off the autostarted daemon's memory
     from hold.daemon.sysunit import install as install_unit
 
     if start and os.geteuid() != 0:
@@ -104,6 +105,7 @@ def install(unit_dir: str, start: bool) -> Iterator[str]:
 
 def reload(sd: StateDir) -> str:
     """``--reload``: what the running daemon answered; :class:`DaemonCommandError` if not."""
+    # lazy: --reload only; the client is no part of a daemon's memory
     from hold.client.connection import Client, DaemonUnreachable
 
     try:

@@ -211,6 +211,7 @@ def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[in
     """The units' trees below the supervisor ``pid``, by their marker (``HOLD_TREE``)
     and cgroup leaf (``hold-<tree id>``); and its descendants in none of them, as
     (pid, start time)."""
+    # lazy: the walk only once a supervisor was killed; off hold down NAME's usual path
     from hold_supervisor.environ import MARKER
     from hold_supervisor.proc.tree import Tree
 
@@ -264,6 +265,7 @@ def _wait_trees(trees: list[Tree], timeout: float) -> list[Tree]:
 
 def _stop_left(trees: list[Tree]) -> list[int]:
     """Stop what the guardian did not (none, or stuck too); the survivors' pids."""
+    # lazy: only for units left behind; off hold down NAME's usual path
     from hold_supervisor.proc.stop import stop_tree
 
     out: list[int] = []
@@ -297,6 +299,7 @@ def _kill_strays(strays: list[tuple[int, int]]) -> list[int]:
 def _wait_unlocked(path: str, timeout: float) -> bool:
     """True once nobody holds ``path``'s flock (or it does not exist). Woken by the
     kernel when the holder lets go (a blocking flock in a thread), not by polling."""
+    # lazy: only to wait out a killed supervisor's lock; off hold down NAME's usual path
     import fcntl
 
     try:

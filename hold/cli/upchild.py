@@ -69,6 +69,7 @@ class Starter:
 
     def hand_over(self, spec: StackSpec, settings: UpSettings, run_for: float | None) -> int:
         """Send the stack; 0 once it is up, else the supervisor's exit status."""
+        # lazy: not before the fork; by now the validation has loaded it
         from hold_supervisor.stackfile.spec import to_json
 
         doc = UpHandOver(to_json(spec), *settings, run_for)
@@ -111,6 +112,7 @@ def _may_fork() -> bool:
 
 def _exec(spec_r: int, status_w: int) -> int:
     """A fresh interpreter: ``python -P -m hold.cli.upchild SPEC_FD STATUS_FD``."""
+    # lazy: only where the command may not fork
     import subprocess
 
     # -P: no script or working directory in front of sys.path (it would be
@@ -150,6 +152,7 @@ def _fork(spec_r: int, status_w: int) -> int:
     except SystemExit as e:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
     except BaseException:
+        # lazy: only for a crash
         import traceback
 
         traceback.print_exc()  # to supervisor.log once it is open
@@ -184,6 +187,7 @@ def main(argv: list[str]) -> int:
 
 
 def _run(doc: UpHandOver, status_fd: int) -> int:
+    # lazy: the supervisor's own, after the fork: the command forks first thing
     from hold_supervisor.safefile import UnsafePath, ensure_dir, open_for_append
     from hold_supervisor.stackfile.spec import from_json
 

@@ -287,6 +287,7 @@ def _nvml_witness(cls: DeviceClass, devices: list[int]) -> Holders:
     """For the NVIDIA GPUs among ``devices``: who NVML says has a context on each
     ([] for none: NVML's word that it is free); a device it cannot answer for is
     missing."""
+    # lazy: NVIDIA's only for a class with NVIDIA GPUs; off an idle daemon's memory
     from hold.devices.gpuids import nvidia_minor
 
     nodes = cls.device_nodes()
@@ -294,6 +295,7 @@ def _nvml_witness(cls: DeviceClass, devices: list[int]) -> Holders:
     minors = {i: m for i, m in minors.items() if m is not None}
     if not minors:
         return {}
+    # lazy: NVML (ctypes) only where there are NVIDIA GPUs
     from hold.devices import nvml
 
     listed = nvml.pids_by_minor()

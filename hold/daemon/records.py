@@ -33,6 +33,7 @@ class Log:
     console: ClassVar[TextIO | None] = None
 
     def __init__(self, path: str) -> None:
+        # lazy: structlog (~66 modules) after the daemon's fork, not in its first process
         import structlog
 
         # Never through a link someone planted (UnsafePath: the daemon refuses to start).

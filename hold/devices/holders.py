@@ -431,6 +431,7 @@ def _nvml(
     if not pids:
         return
     if asked is None:
+        # lazy: NVML (ctypes) only for gpu holders; off hold audit's and the daemon's start
         from hold.devices import nvml
 
         asked = nvml.used_memory

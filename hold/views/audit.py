@@ -311,6 +311,7 @@ def stray_lines(doc: dict[str, Any]) -> list[str]:
     """``--log``'s lines: one JSON object per stray row, with what ``--kill`` did to
     it (``stopped``, ``outcome``, ``survivors``: absent without ``--kill``), when,
     on which host, and in a Slurm job's epilog which job (``SLURM_JOB_ID``)."""
+    # lazy: socket only for --log; off plain hold audit
     import socket
 
     killed = {k["pid"]: k for k in doc.get("killed", [])}
@@ -414,6 +415,7 @@ def _stop_stray(
     r: dict[str, Any], st: Stat, spare: frozenset[int], grace: float, ended: Ended
 ) -> dict[str, Any]:
     """Stop the tree of the live stray ``r``; note in ``ended`` whom the stop ended."""
+    # lazy: proc.stop and proc.tree only for --kill; off plain hold audit
     from hold_supervisor.proc.stop import stop_tree
     from hold_supervisor.proc.tree import Tree
 

@@ -161,6 +161,7 @@ class WalkContainment(Containment):
         return None, []
 
     def keep(self, grace: float, spare: Callable[[], set[int]] = set) -> bool:
+        # lazy: the keeper only where there is no cgroup; off a leaf's run
         from hold_supervisor.spawn.keeper import split
 
         return split(grace=grace, spare=spare)
