@@ -16,7 +16,8 @@ import os
 import stat
 from typing import Any, NamedTuple
 
-from hold_supervisor.parse import BadValue, did_you_mean
+from hold.devices.classes import classes_from_config
+from hold_supervisor.parse import BadValue, did_you_mean, parse_duration
 
 CGROUP_MODES = ("auto", "off", "required")
 BUSY_MODES = ("wait", "warn")
@@ -72,6 +73,7 @@ def fingerprint(path: str | None) -> str:
     """What a daemon and its client compare to know they read one configuration."""
     if path is None:
         return "defaults"
+    # lazy: only for a file; hold run without one imports no importlib
     import importlib
 
     try:
@@ -79,7 +81,7 @@ def fingerprint(path: str | None) -> str:
         # ~3 ms of npu-hold's start-up.
         sha256 = importlib.import_module("_sha256").sha256
     except ImportError:  # an interpreter built without it
-        from hashlib import sha256
+        from hashlib import sha256  # lazy: OpenSSL, only without _sha256
     try:
         # O_NONBLOCK: a FIFO named as the configuration must not block start-up
         # (parse_file then refuses it with a message).
@@ -143,6 +145,7 @@ def parse_file(path: str) -> Config:
     problem found is reported, one line each, in file order (:func:`refusal`);
     only a file that cannot be read as a mapping stops at its first.
     """
+    # lazy: PyYAML (~15 ms) only to parse the file; npu-hold takes the daemon's reading
     from hold_supervisor.yamlsafe import load_file
 
     root = load_file(path)
@@ -188,8 +191,6 @@ def parse_file(path: str) -> Config:
     # The device classes are checked now, whoever reads the file: a typo
     # there is the same error (file:line) for every command, not only those
     # that name a device.
-    from hold.devices.classes import classes_from_config
-
     try:
         classes_from_config(values.get("devices"), path)
     except BadValue as e:
@@ -206,6 +207,7 @@ def refusal(path: str | None, problems: list[BadValue]) -> BadValue | None:
     (PyYAML is not on the hot path of a file without problems)."""
     if not problems:
         return None
+    # lazy: PyYAML, only for a file with problems
     from hold_supervisor.yamlsafe import refusal as one_error
 
     return one_error(path, problems)
@@ -283,8 +285,6 @@ def _report(node: Any, path: str, problems: list[BadValue]) -> dict[str, Any]:
 
     A bad key or value is added to ``problems``; a section that is not a mapping is raised.
     """
-    from hold_supervisor.parse import parse_duration
-
     out: dict[str, Any] = {}
     for key, (knode, vnode) in _mapping(node, path, "report").items():
         where = f"{path}:{knode.start_mark.line + 1}"
@@ -316,6 +316,7 @@ def _scratch(node: Any, path: str, problems: list[BadValue]) -> int | None:
 
     A bad key or value is added to ``problems``; a section that is not a mapping is raised.
     """
+    # lazy: stackfile.values (dataclasses, ast) only for a scratch section
     from hold_supervisor.stackfile.values import size
 
     out: int | None = None
@@ -349,6 +350,7 @@ def scratch_min_free(environ: dict[str, str] | os._Environ[str] = os.environ) ->
 
 def _mapping(node: Any, path: str, what: str) -> dict[str, tuple[Any, Any]]:
     """A mapping's keys (each once: the reader refused duplicates) with their nodes."""
+    # lazy: PyYAML only to parse the file (see parse_file)
     import yaml
 
     where = f"{path}:{node.start_mark.line + 1}"
@@ -359,6 +361,7 @@ def _mapping(node: Any, path: str, what: str) -> dict[str, tuple[Any, Any]]:
 
 
 def _scalar(node: Any, path: str) -> str:
+    # lazy: PyYAML only to parse the file (see parse_file)
     import yaml
 
     if not isinstance(node, yaml.ScalarNode):

@@ -91,6 +91,7 @@ SYSTEM_DIR = "/run/hold"
 
 def system_serves() -> bool:
     """Does the machine's system daemon answer on its well-known socket?"""
+    # lazy: socket only to probe the system daemon; off hold down NAME and hold call
     from hold.unixsock import unix_stream
 
     sock = unix_stream()

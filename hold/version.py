@@ -11,6 +11,7 @@ DIST = "hold"
 
 def version() -> str:
     """The version of the installed ``hold`` distribution (``unknown`` if it is not installed)."""
+    # lazy: never at import (the module's docstring); tests/test_ux_cli.py checks it
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 

@@ -242,6 +242,7 @@ class Document:
         :func:`hold_supervisor.safefile.open_for_read` (no link followed, never a
         FIFO; ``owned``: ours, one link), at most :data:`MAX_SIZE` bytes read.
         ``FileNotFoundError``, ``OSError``, ``UnsafePath`` or :class:`BadDocument`."""
+        # lazy: safefile (fcntl) only to read one; off hold down NAME's path and before up's fork
         from hold_supervisor.safefile import open_for_read
 
         with os.fdopen(open_for_read(path, owned=owned), "rb") as f:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 
 from hold_supervisor.errors import SupervisorError
@@ -160,8 +161,6 @@ def format_bytes(n: int | None) -> str:
 def format_when(ts: float, now: float | None = None) -> str:
     """A wall-clock time for people: ``13:37:09`` today, ``Wed 2 Dec 13:37`` on another
     day (with the year if not this one)."""
-    import time
-
     t = time.localtime(ts)
     today = time.localtime(time.time() if now is None else now)
     if t[:3] == today[:3]:
@@ -172,8 +171,6 @@ def format_when(ts: float, now: float | None = None) -> str:
 
 def time_left(ts: float, now: float | None = None) -> str:
     """``1h12m left`` until ``ts`` (``ending`` once it is past)."""
-    import time
-
     left = ts - (time.time() if now is None else now)
     return f"{format_duration(left)} left" if left > 0 else "ending"
 

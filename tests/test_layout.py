@@ -8,9 +8,11 @@ Imports inside functions count as much as those at the top.
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,3 +329,96 @@ def test_the_formatter_lays_out_every_line() -> None:
 def test_the_formatter_check_can_fail(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text("x = [1,\n  2]  # fmt: skip\n")
     assert _formatter_opt_outs(tmp_path) == ["m.py:2"]
+
+
+# --------------------------------------------------------------------------
+# Issue 22: an import inside a function is there for a reason (a heavy or
+# unneeded module kept off a hot path; bench/modsets.py measures which), and
+# says it: a comment on its line(s), or on the line above it or above the
+# block of imports it is part of. Everything else imports at the top.
+
+
+def _unexplained_imports(source: str) -> list[str]:
+    """``line: statement`` of each import inside a function with no comment to it."""
+    tree = ast.parse(source)
+    comments = {
+        tok.start[0]
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    local = {
+        node
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(fn)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    }
+    import_lines = {
+        n for node in local for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    }
+    lines = source.splitlines()
+    out = []
+    for node in sorted(local, key=lambda n: n.lineno):
+        own = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        above = node.lineno - 1
+        said = bool(comments.intersection(own))
+        # Up through the block it is part of (isort's sections: blank lines between).
+        while not said and above > 0:
+            if not lines[above - 1].strip():
+                nearest = above - 1
+                while nearest > 0 and not lines[nearest - 1].strip():
+                    nearest -= 1
+                if nearest not in import_lines:
+                    break  # a blank line ends the block, unless imports are above it
+                above = nearest
+            said = above in comments
+            if above not in import_lines:
+                break
+            above -= 1
+        if not said:
+            out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_every_import_inside_a_function_says_why() -> None:
+    files = [p for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
+    assert len(files) > 100
+    wrong = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in files
+        for line in _unexplained_imports(p.read_text())
+    ]
+    assert not wrong, "import at the top, or say why not:\n" + "\n".join(wrong)
+
+
+def test_the_why_check_can_fail(tmp_path: Path) -> None:
+    """Uncommented imports inside functions are named; one with a comment on its
+    line(s), above it, or above the block it is part of is not, nor one at the top."""
+    mod = tmp_path / "mod.py"
+    mod.write_text(
+        "import os\n"
+        "def bare() -> None:\n"
+        "    import json\n"
+        "def said() -> None:\n"
+        "    import csv  # lazy: off the hot path\n"
+        "    # lazy: off the hot path\n"
+        "    import zlib\n"
+        "\n"
+        "    from hold import config\n"
+        "    x = 1\n"
+        "    from hold import errors\n"
+        "def nested() -> None:\n"
+        "    def inner() -> None:\n"
+        "        from hold import (\n"
+        "            protocol,  # lazy: said on a line of its own\n"
+        "        )\n"
+        "        import re\n"
+        "        x = 2  # a comment of its own\n"
+        "\n"
+        "        import zipfile\n"
+    )
+    assert _unexplained_imports(mod.read_text()) == [
+        "3: import json",
+        "11: from hold import errors",
+        "20: import zipfile",
+    ]

@@ -27,9 +27,15 @@ import sys
 from typing import TYPE_CHECKING
 
 from hold.cli.adoptjob import Job
+from hold.cli.interrupt import Interrupted, interrupting
+from hold.client.lease import DEFAULT_TTL
 from hold.client.session import LeaseSession
+from hold.client.waitline import WaitLine
+from hold.daemon.adoptrules import refusal
+from hold.leases import LeaseRecord
 from hold.protocol import Op
 from hold_supervisor import exitcodes
+from hold_supervisor.proc.identity import NoSuchProcess
 
 if TYPE_CHECKING:
     from hold.cli.run import Setup
@@ -41,8 +47,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def main_adopt(args: RunArgs, prog: str, setup: Setup) -> int:
     """``--adopt PID``, to the end; the exit status (see :mod:`hold.cli.adoptjob`)."""
-    from hold.cli.interrupt import Interrupted, interrupting
-
     adoption = Adoption(args, prog, setup)
     try:
         # Until the lease is granted a signal leaves the job as it was; from
@@ -76,9 +80,6 @@ class Adoption:
 
     def execute(self) -> int:
         """Check, connect, wait in line, then guard the job; the exit status."""
-        from hold.daemon.adoptrules import refusal
-        from hold_supervisor.proc.identity import NoSuchProcess
-
         why = refusal(self.pid, None, os.geteuid(), os.getpid(), 0)
         if why is not None:
             return self.refuse(why)
@@ -110,8 +111,6 @@ class Adoption:
 
     def _leased_elsewhere(self, client: Client) -> str | None:
         """Why not, where the job holds a device that a live lease holds (naming it)."""
-        from hold.leases import LeaseRecord
-
         assert self.job is not None
         held = self.job.held_devices(client)
         if not held:
@@ -154,9 +153,6 @@ class Adoption:
 
     def _acquire(self, session: LeaseSession, job: Job) -> int:
         """Wait in line; once granted, guard the job to its end."""
-        from hold.client.lease import DEFAULT_TTL
-        from hold.client.waitline import WaitLine
-
         assert self.setup.spec is not None
         wanted = self._wanted(job)
         if isinstance(wanted, str):

@@ -22,10 +22,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hold.config import load
+from hold.devices.classes import classes_from_config, classes_from_defs
+from hold.devices.holders import scan, targets
 from hold.protocol import Ev
 from hold_supervisor import exitcodes
 from hold_supervisor.cause import Cause
+from hold_supervisor.parse import format_until
+from hold_supervisor.proc.cgroup import CgroupUnavailable
 from hold_supervisor.proc.identity import Handle, ProcessId, read_stat
+from hold_supervisor.proc.stop import stop_tree
 from hold_supervisor.proc.tree import Member, Tree
 from hold_supervisor.sigwake import drain, signals_to_pipe
 from hold_supervisor.spawn.containment import Containment, WalkContainment, choose, leaf_path
@@ -74,8 +80,6 @@ class Job:
     def pin(cls, pid: int, args: RunArgs, say: Callable[[str], None], cgroups: str) -> Job:
         """The job of ``pid``; NoSuchProcess if it is gone; ValueError if ``cgroups:
         required`` and its cgroup is not this user's to make a leaf in."""
-        from hold_supervisor.proc.cgroup import CgroupUnavailable
-
         try:
             containment = choose(cgroups, of_process=pid)  # leaves in its own cgroup
         except CgroupUnavailable as e:
@@ -92,14 +96,8 @@ class Job:
 
     def held_devices(self, client: Client) -> dict[tuple[str, int], int]:
         """The devices (of every class the daemon knows) its members hold: -> a holder's pid."""
-        from hold.devices.classes import classes_from_defs
-        from hold.devices.holders import scan, targets
-
         classes = classes_from_defs(client.info.get("class_defs") or {})
         if not classes:
-            from hold.config import load
-            from hold.devices.classes import classes_from_config
-
             cfg = load()
             classes = classes_from_config(cfg.devices, cfg.path)
         pids = list(self.members)
@@ -122,8 +120,6 @@ class Job:
     def guard(self, session: LeaseSession) -> int:
         """Contain it, wait for its end (or the lease's, or a signal), stop what is
         left, end the lease; the exit status (the module docstring)."""
-        from hold_supervisor.proc.stop import stop_tree
-
         got = session.granted
         assert got is not None
         with _signals_taken() as wake:
@@ -141,8 +137,6 @@ class Job:
     def _contain(self, session: LeaseSession) -> None:
         """Its tree moved into a leaf in its own cgroup, and the daemon told; else walked
         (from then on: :attr:`containment` is the walk)."""
-        from hold_supervisor.proc.cgroup import CgroupUnavailable
-
         walk = "its tree is tracked by walking /proc"
         try:
             leaf, failed = self.containment.take_in(self.tree, f"hold-{self.tree_id}")
@@ -165,8 +159,6 @@ class Job:
             self.say(f"warning: the daemon did not take the cgroup: {ans.get('error')}")
 
     def _adopted(self, got: Granted) -> None:
-        from hold_supervisor.parse import format_until
-
         cls = self.args.device.split(":")[0] if self.args.device else "?"
         devs = ",".join(f"{cls}:{i}" for i in got.devices)
         where = self.containment.where

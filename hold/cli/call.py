@@ -36,8 +36,11 @@ import time
 from typing import Any
 
 from hold.client import waits
+from hold.statedir import open_state_dir  # not hold.cli.stack: a call starts lean
 from hold_supervisor.exitcodes import EXPIRED, NO, TOOL, USAGE, signalled
 from hold_supervisor.jsonlines import BadJSON, LineBuffer, dumps_line, strict_loads
+from hold_supervisor.parse import BadValue
+from hold_supervisor.stack.controlsock import MAX_ANSWER, check_stack_name, connect
 from hold_supervisor.stack.wire import StackEv, StackOp
 
 PROG = "hold call"
@@ -103,10 +106,6 @@ def main_call(
     no_wait: bool,
     as_json: bool,
 ) -> int:
-    from hold.statedir import open_state_dir  # not hold.cli.stack: a call starts lean
-    from hold_supervisor.parse import BadValue
-    from hold_supervisor.stack.controlsock import check_stack_name, connect
-
     try:
         check_stack_name(name)
         args, text_args = parse_args(arg_pairs, json_args)
@@ -231,7 +230,7 @@ def _wait(accepted: dict[str, Any], run_until: float | None) -> tuple[float, str
 
 
 def _say_silent(name: str, what: str) -> None:
-    from hold.cli.stackdir import stopped_text, supervisor_of  # only on this path
+    from hold.cli.stackdir import stopped_text, supervisor_of  # only for a silent stack
 
     pid = supervisor_of(name)
     who = f"the supervisor of stack {name}" + (f" (pid {pid})" if pid is not None else "")
@@ -283,8 +282,6 @@ class _Lines:
     """JSON lines from the stack, each read within an optional time limit."""
 
     def __init__(self, sock: socket.socket) -> None:
-        from hold_supervisor.stack.controlsock import MAX_ANSWER
-
         self.sock = sock
         self.lines = LineBuffer(MAX_ANSWER)
 

@@ -12,18 +12,25 @@ itself stays JSON lines (:class:`hold.daemon.records.Log`).
 from __future__ import annotations
 
 import os
+import pwd
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import TextIO
 
 from hold.client.autostart import IDLE_EXIT
-from hold.config import Config
-from hold.devices.classes import DeviceClass
+from hold.config import Config, load
+from hold.daemon.devlock import lock_dir
+from hold.daemon.records import Log
+from hold.daemon.server import Daemon
+from hold.daemon.tokens import UnsafePath
+from hold.devices.classes import DeviceClass, classes_from_config
 from hold.errors import HoldError
 from hold.protocol import Ev, Op
-from hold.statedir import StateDir
+from hold.statedir import SYSTEM_DIR, StateDir, open_state_dir
 from hold_supervisor.exitcodes import TOOL, USAGE
+from hold_supervisor.parse import BadValue, parse_duration
 
 PROG = "hold daemon"
 
@@ -38,8 +45,6 @@ class DaemonCommandError(HoldError):
 
 def banner(sd: StateDir, cfg: Config, classes: dict[str, DeviceClass], system: bool) -> list[str]:
     """Where this daemon serves and what it read, a line each."""
-    import pwd
-
     user = pwd.getpwuid(os.geteuid()).pw_name
     if system:
         who = "the system arbiter: every user of this machine"
@@ -77,8 +82,6 @@ def announce(
     stream: TextIO = sys.stderr,
 ) -> None:
     """In the foreground: the banner on ``stream``, and every log event after it."""
-    from hold.daemon.records import Log
-
     print("\n".join(banner(sd, cfg, classes, system)), file=stream, flush=True)
     Log.console = stream
 
@@ -86,8 +89,8 @@ def announce(
 def install(unit_dir: str, start: bool) -> Iterator[str]:
     """``--install``: the lines to say, as each step is done; :class:`DaemonCommandError`
     for a step that could not be."""
+    # lazy: --install only; off the autostarted daemon's memory
     from hold.daemon.sysunit import install as install_unit
-    from hold.daemon.tokens import UnsafePath
 
     if start and os.geteuid() != 0:
         why = "the system daemon is installed by root (or use --no-start --unit-dir DIR"
@@ -102,6 +105,7 @@ def install(unit_dir: str, start: bool) -> Iterator[str]:
 
 def reload(sd: StateDir) -> str:
     """``--reload``: what the running daemon answered; :class:`DaemonCommandError` if not."""
+    # lazy: --reload only; the client is no part of a daemon's memory
     from hold.client.connection import Client, DaemonUnreachable
 
     try:
@@ -122,13 +126,6 @@ def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -
     and let the first process exit once the daemon serves (0), or another
     daemon does (3), or it failed (1).
     """
-    from hold.config import load
-    from hold.daemon.devlock import lock_dir
-    from hold.daemon.server import Daemon
-    from hold.devices.classes import classes_from_config
-    from hold.statedir import SYSTEM_DIR, open_state_dir
-    from hold_supervisor.parse import BadValue, parse_duration
-
     try:
         idle: float | None = IDLE_EXIT if detach else None
         if idle_exit is not None:
@@ -158,7 +155,6 @@ def serve(*, detach: bool, idle_exit: str | None = None, system: bool = False) -
         r, w = os.pipe()
         if os.fork() > 0:
             os.close(w)
-            import select
 
             said = os.read(r, 1) if select.select([r], [], [], 30.0)[0] else b""
             os._exit({b"1": 0, b"2": 3}.get(said, 1))  # 3: another daemon serves

@@ -48,11 +48,15 @@ from hold.cli.stackdir import (
 from hold.client import waits
 from hold_supervisor.exitcodes import EXPIRED, NO, OK, SURVIVORS, TOOL, UNIT_FAILED, USAGE
 from hold_supervisor.parse import BadValue
+from hold_supervisor.proc import scan as procscan
+from hold_supervisor.proc.cgroup import Leaf, cgroup_dir, leaf_in, v2_mount
+from hold_supervisor.proc.identity import ProcessId, read_stat
+from hold_supervisor.proc.scan import holders_of, node_of_stat
+from hold_supervisor.stack.controlsock import NoAnswer
 from hold_supervisor.stack.wire import StackEv, StackOp
 
 if TYPE_CHECKING:
     from hold_supervisor.proc.tree import Tree
-    from hold_supervisor.stack.controlsock import NoAnswer
 
 PROG = "hold down"
 # Beyond what the stack said its stop or restart may take: a busy machine.
@@ -71,8 +75,6 @@ def main_down(name: str) -> int:
             within = msg.get("within")
             return float(within) + _MARGIN if isinstance(within, (int, float)) else 3600.0
         return None
-
-    from hold_supervisor.stack.controlsock import NoAnswer
 
     heard = True
     try:
@@ -158,8 +160,6 @@ def _down_unanswered(name: str, e: NoAnswer) -> int:
 def _kill_and_watch(name: str, run_dir: str, pid: int, why: str) -> int:
     """SIGKILL the stuck supervisor ``pid``; the ticket daemon stops its units'
     trees (the lifeline). Returns once every tree found under it is empty."""
-    from hold_supervisor.proc.identity import read_stat
-
     lock = os.path.join(run_dir, "stack.lock")
     if not _holds(pid, lock):
         say(f"{why}; pid {pid} no longer holds the stack's lock: left alone", PROG)
@@ -200,8 +200,6 @@ def _kill_and_watch(name: str, run_dir: str, pid: int, why: str) -> int:
 def _holds(pid: int, path: str) -> bool:
     """Does ``pid`` have ``path`` open (by device and inode)? The pid written in a
     held lock is believed only then: never a SIGKILL for a reused pid."""
-    from hold_supervisor.proc.scan import holders_of, node_of_stat
-
     try:
         st = os.stat(path)
     except OSError:
@@ -213,9 +211,8 @@ def _trees_under(pid: int, since: int | None) -> tuple[list[Tree], list[tuple[in
     """The units' trees below the supervisor ``pid``, by their marker (``HOLD_TREE``)
     and cgroup leaf (``hold-<tree id>``); and its descendants in none of them, as
     (pid, start time)."""
+    # lazy: the walk only once a supervisor was killed; off hold down NAME's usual path
     from hold_supervisor.environ import MARKER
-    from hold_supervisor.proc import scan as procscan
-    from hold_supervisor.proc.cgroup import Leaf, cgroup_dir, leaf_in, v2_mount
     from hold_supervisor.proc.tree import Tree
 
     procs = procscan.snapshot()
@@ -268,6 +265,7 @@ def _wait_trees(trees: list[Tree], timeout: float) -> list[Tree]:
 
 def _stop_left(trees: list[Tree]) -> list[int]:
     """Stop what the guardian did not (none, or stuck too); the survivors' pids."""
+    # lazy: only for units left behind; off hold down NAME's usual path
     from hold_supervisor.proc.stop import stop_tree
 
     out: list[int] = []
@@ -285,8 +283,6 @@ def _stop_left(trees: list[Tree]) -> list[int]:
 def _kill_strays(strays: list[tuple[int, int]]) -> list[int]:
     """The supervisor's descendants in no unit's tree (none is expected): killed if
     they are still the same processes."""
-    from hold_supervisor.proc.identity import ProcessId
-
     left = [ProcessId(p, start) for p, start in strays]
     for ident in left:
         if ident.matches():
@@ -303,6 +299,7 @@ def _kill_strays(strays: list[tuple[int, int]]) -> list[int]:
 def _wait_unlocked(path: str, timeout: float) -> bool:
     """True once nobody holds ``path``'s flock (or it does not exist). Woken by the
     kernel when the holder lets go (a blocking flock in a thread), not by polling."""
+    # lazy: only to wait out a killed supervisor's lock; off hold down NAME's usual path
     import fcntl
 
     try:
@@ -337,7 +334,6 @@ def main_restart(name: str, unit: str) -> int:
     """``hold restart NAME UNIT``: 0 once the unit is ready again; 124 if the stack
     did not answer in :data:`~hold.cli.stackdir.ANSWER_WAIT` seconds, or did not finish
     within what it said the restart may take."""
-    from hold_supervisor.stack.controlsock import NoAnswer
 
     def progress(msg: dict[str, Any]) -> float | None:
         within = msg.get("within")

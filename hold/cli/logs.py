@@ -38,6 +38,7 @@ def main_logs(
     since: str | None = None,
     as_json: bool = False,
 ) -> int:
+    # lazy: logread (datetime, heapq) only for hold logs; hold down NAME imports this module
     from hold_supervisor.stack.logread import parse_since
 
     try:
@@ -82,6 +83,7 @@ def _show(
     json_of: str | None = None,
 ) -> None:
     """Print the lines; as JSON lines of stack ``json_of`` when given."""
+    # lazy: as in main_logs: off hold down NAME's path
     from hold_supervisor.stack.logread import (
         as_record,
         follow_all,

@@ -41,6 +41,7 @@ from hold_supervisor.documents import StackRecord
 from hold_supervisor.exitcodes import EXPIRED, NO, USAGE
 from hold_supervisor.parse import BadValue, format_duration
 from hold_supervisor.proc import usage
+from hold_supervisor.stack.controlsock import NoAnswer
 from hold_supervisor.stack.wire import StackOp
 from hold_supervisor.width import columns, fit, table
 
@@ -64,8 +65,6 @@ __all__ = [
 def main_ps(name: str | None, as_json: bool) -> int:
     """``hold ps [NAME]``: 0; 1 if NAME is not running; 124 if a stack did not
     answer within :data:`~hold.cli.stackdir.PS_WAIT` (named, with its supervisor's pid)."""
-    from hold_supervisor.stack.controlsock import NoAnswer
-
     silent: list[str] = []
     try:
         if name is None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from hold.client import waits
-from hold_supervisor.parse import BadValue
+from hold.protocol import check_label
+from hold_supervisor.parse import BadValue, did_you_mean
+from hold_supervisor.proc.scan import stall_hint
 
 if TYPE_CHECKING:
     from hold.config import Config
@@ -33,9 +36,9 @@ def load_checked(path: str, cfg: Config | None = None) -> StackSpec:
     Raises :class:`~hold_supervisor.stackfile.load.StackFileError` with every problem,
     or :class:`BadValue` for a bad configuration file.
     """
+    # lazy: reading a stack file is off hold down NAME's and the stack supervisor's paths
     from hold.config import load
     from hold.devices.classes import classes_from_config, parse_device_spec
-    from hold.protocol import check_label
     from hold_supervisor.stackfile.load import load as load_stack
 
     cfg = load() if cfg is None else cfg
@@ -64,6 +67,7 @@ def load_checked(path: str, cfg: Config | None = None) -> StackSpec:
 
 def run_dir_of(sd: StateDir, name: str) -> str:
     """The stack's directory; :class:`BadValue` for a name that is not one."""
+    # lazy: not before hold up --detach forks its supervisor (hold.cli.upchild)
     from hold_supervisor.stack.controlsock import check_stack_name
 
     return os.path.join(sd.stacks(), check_stack_name(name))
@@ -71,6 +75,7 @@ def run_dir_of(sd: StateDir, name: str) -> str:
 
 def open_sd() -> StateDir:
     """The state directory, with its ``stacks`` directory made."""
+    # lazy: not before hold up --detach forks its supervisor (hold.cli.upchild)
     from hold.statedir import open_state_dir
 
     sd = open_state_dir()
@@ -90,6 +95,7 @@ PS_WAIT = waits.PS  # hold ps's (3 s: the command is done within 5 s)
 def ask(name: str, msg: dict[str, Any], **kw: Any) -> dict[str, Any] | None:
     """Ask the running stack ``name``; None if it is not running.
     :class:`~hold_supervisor.stack.controlsock.NoAnswer` if it did not answer in time."""
+    # lazy: not before hold up --detach forks its supervisor (hold.cli.upchild)
     from hold_supervisor.stack.controlsock import request
 
     sd = open_sd()
@@ -112,8 +118,6 @@ def known_stacks() -> list[str]:
 def no_such_stack(name: str, prog: str, *, ever: bool = False) -> None:
     """Say that no stack ``name`` is running (``ever``: has ever run here), with the
     closest name of the stacks that exist. The caller returns ``NO`` (exit 1)."""
-    from hold_supervisor.parse import did_you_mean
-
     others = [n for n in known_stacks() if n != name]
     if ever:
         where = os.path.join(open_sd().stacks(), "")
@@ -125,6 +129,7 @@ def no_such_stack(name: str, prog: str, *, ever: bool = False) -> None:
 
 def lock_holder(path: str) -> int | None:
     """The pid written in a held stack lock (its supervisor); None if nobody holds it."""
+    # lazy: only for a stack that did not answer; off hold down NAME's usual path
     import fcntl
 
     try:
@@ -152,8 +157,6 @@ def supervisor_of(name: str) -> int | None:
 
 def stopped_text(pid: int | None) -> str:
     """``" (its process is stopped: ...)"`` where the kernel says it is (``""`` else)."""
-    from hold_supervisor.proc.scan import stall_hint
-
     return stall_hint(pid, waiting=False)
 
 
@@ -167,8 +170,7 @@ def running_stacks(only: set[str] | None = None) -> tuple[list[dict[str, Any]], 
     """The running stacks' ``ps`` answers, and the names of those that did not
     answer within :data:`~hold.cli.stackdir.PS_WAIT`; all asked at once (one stuck
     stack costs that wait once, not once per stack). ``only``: these names alone."""
-    import threading
-
+    # lazy: not before hold up --detach forks its supervisor (hold.cli.upchild)
     from hold_supervisor.stack.controlsock import NoAnswer, request
     from hold_supervisor.stack.wire import StackOp
 

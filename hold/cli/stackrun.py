@@ -26,6 +26,7 @@ from hold.cli.stackdir import run_dir_of, say
 from hold.documents import UpStatus
 from hold.protocol import Ev
 from hold_supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
+from hold_supervisor.proc.cgroup import CgroupUnavailable
 
 if TYPE_CHECKING:
     from hold.client.session import LeaseSession
@@ -54,6 +55,7 @@ class UpSettings(NamedTuple):
 
     @classmethod
     def of(cls, spec: StackSpec, cfg: Config) -> UpSettings:
+        # lazy: the command's configuration, never in the stack supervisor nor hold down NAME
         from hold.config import fingerprint
         from hold.devices.classes import classes_from_config, parse_device_spec
 
@@ -75,6 +77,7 @@ def run_up(
     # Until the stack's own loop takes the stop signals over, one ends this
     # run cleanly: it may be waiting for a ticket or making its trees, and
     # `hold down` of a stack that is starting sends exactly that.
+    # (Imported here: off hold down NAME, which imports this module.)
     from hold.cli.interrupt import Interrupted, interrupting
 
     try:
@@ -154,8 +157,9 @@ class StackRun:
             say(text)
 
     def execute(self) -> int:
+        # lazy: the run's machinery, only where the stack runs: off hold down NAME
+        # (which imports this module) and off the hold up --detach command
         from hold.client.session import LeaseSession
-        from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.spawn.containment import choose
         from hold_supervisor.stack.display import Display
         from hold_supervisor.stack.stack import Stack, StackError
@@ -216,6 +220,7 @@ class StackRun:
 
     def _run(self, stack: Stack, session: LeaseSession) -> int:
         """The ticket, then the stack itself."""
+        # lazy: as in execute()
         from hold_supervisor.stack.stack import StackError
 
         env: dict[str, str] = {}
@@ -251,6 +256,7 @@ class StackRun:
         return {pid} if pid is not None else set()
 
     def _acquire(self, session: LeaseSession, env: dict[str, str]) -> int | None:
+        # lazy: as in execute()
         from hold.client.lease import DEFAULT_TTL
 
         hold = self.spec.hold
@@ -287,6 +293,7 @@ class StackRun:
             self.session.end()
 
     def _on_tree_prepared(self, unit: str, tree_id: str, leaf: Leaf | None) -> None:
+        # lazy: as in execute()
         from hold.client.session import DaemonLost
         from hold_supervisor.spawn.containment import leaf_path
         from hold_supervisor.stack.stack import StackError
@@ -314,6 +321,7 @@ class StackRun:
             self.session.tell_root(tree.tree_id, tree.root.pid)
 
     def _on_daemon(self, fd: int) -> Cause | None:
+        # lazy: as in execute()
         from hold_supervisor.cause import Cause
 
         assert self.session is not None

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, NoReturn
 
+from hold.cli.stackdir import open_sd, run_dir_of, say
+from hold.cli.stackrun import StatusPipe, UpSettings, run_up
+from hold.documents import BadDocument, UpHandOver, UpStatus
+from hold_supervisor.exitcodes import USAGE
+from hold_supervisor.parse import BadValue
+
 if TYPE_CHECKING:
-    from hold.cli.stackrun import UpSettings
-    from hold.documents import UpHandOver
     from hold_supervisor.stackfile.spec import StackSpec
 
 
@@ -64,7 +69,7 @@ class Starter:
 
     def hand_over(self, spec: StackSpec, settings: UpSettings, run_for: float | None) -> int:
         """Send the stack; 0 once it is up, else the supervisor's exit status."""
-        from hold.documents import UpHandOver
+        # lazy: not before the fork; by now the validation has loaded it
         from hold_supervisor.stackfile.spec import to_json
 
         doc = UpHandOver(to_json(spec), *settings, run_for)
@@ -76,9 +81,6 @@ class Starter:
         return self._follow(spec.name)
 
     def _follow(self, name: str) -> int:
-        from hold.cli.stackdir import say
-        from hold.documents import BadDocument, UpStatus
-
         with os.fdopen(self.status_r, "rb") as f:
             for raw in f:
                 try:
@@ -104,14 +106,13 @@ class Starter:
 
 
 def _may_fork() -> bool:
-    import threading
-
     heavy = any(m in sys.modules for m in HEAVY)
     return not heavy and threading.active_count() == 1
 
 
 def _exec(spec_r: int, status_w: int) -> int:
     """A fresh interpreter: ``python -P -m hold.cli.upchild SPEC_FD STATUS_FD``."""
+    # lazy: only where the command may not fork
     import subprocess
 
     # -P: no script or working directory in front of sys.path (it would be
@@ -151,6 +152,7 @@ def _fork(spec_r: int, status_w: int) -> int:
     except SystemExit as e:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
     except BaseException:
+        # lazy: only for a crash
         import traceback
 
         traceback.print_exc()  # to supervisor.log once it is open
@@ -162,8 +164,6 @@ def _exit(code: int) -> NoReturn:
     """End the forked supervisor as an interpreter ends (its threads first, its
     output flushed), but never return into the command's frames nor run the
     command's exit handlers."""
-    import threading
-
     try:
         for t in threading.enumerate():
             if t is not threading.main_thread() and not t.daemon:
@@ -182,16 +182,12 @@ def main(argv: list[str]) -> int:
         data = f.read()
     if not data:
         return 0
-    from hold.documents import UpHandOver
 
     return _run(UpHandOver.decode(data, "hold up's hand-over"), status_fd)
 
 
 def _run(doc: UpHandOver, status_fd: int) -> int:
-    from hold.cli.stackdir import open_sd, run_dir_of
-    from hold.cli.stackrun import StatusPipe, UpSettings, run_up
-    from hold_supervisor.exitcodes import USAGE
-    from hold_supervisor.parse import BadValue
+    # lazy: the supervisor's own, after the fork: the command forks first thing
     from hold_supervisor.safefile import UnsafePath, ensure_dir, open_for_append
     from hold_supervisor.stackfile.spec import from_json
 

@@ -27,6 +27,7 @@ VERSION = 1
 
 
 def main_validate(path: str, as_json: bool = False) -> int:
+    # lazy: the stack file's reader, off hold down NAME (which imports this module)
     from hold_supervisor.stackfile.load import StackFileError
 
     try:

@@ -16,11 +16,12 @@ import time
 from hold.client.reach import DaemonUnreachable, UnsafeStateFile, try_connect
 from hold.statedir import StateDir
 from hold_supervisor.safefile import UnsafePath, check_file, open_for_append, open_for_read
+from hold_supervisor.spawn.child import close_actions
 
 
 def start_daemon(sd: StateDir, timeout: float) -> None:
     """Start a daemon for ``sd`` unless one answers; wait until it does (or raise)."""
-    import filelock  # off the hot path: only when no daemon answered
+    import filelock  # lazy: only to start one; the daemon imports this module too
 
     deadline = time.monotonic() + timeout
     try:
@@ -113,8 +114,8 @@ def _spawn_daemon(sd: StateDir, timeout: float) -> bool:
     # to it, taken for an adopted orphan of the command's tree, and stopped
     # with it. So it is no subreaper until the daemon has left (an orphan of
     # the tree in that instant is still found by its marker).
+    # (Imported here: the daemon imports this module, for IDLE_EXIT, and needs no reaper.)
     from hold_supervisor.proc.reaper import become_subreaper, is_subreaper
-    from hold_supervisor.spawn.child import close_actions
 
     was_subreaper = is_subreaper()
     if was_subreaper:

@@ -22,6 +22,7 @@ import struct
 from typing import Any
 
 from hold.client import waits
+from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
 from hold.leases import LeaseRecord, judge_lease
 from hold.protocol import Ev, Op, ProtocolError
 from hold.statedir import StateDir
@@ -46,8 +47,6 @@ def check_lease(
     (``leases``: the records it judged by) and found by the same rule
     (:func:`hold.leases.judge_lease`) for this same process; None if that does not agree.
     """
-    from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
-
     no = f"no {cls} lease covers this process"
     try:
         client = Client.connect(sd, autostart=False, answer=TIMEOUT)

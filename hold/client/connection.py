@@ -152,6 +152,7 @@ class Client:
         ans = client.request({"op": Op.RETIRE})
         if ans.get("ev") != Ev.RETIRING:
             client.close()
+            # lazy: rare; hold.config is no part of a stack supervisor's memory
             from hold.config import config_path
 
             theirs_path, ours_path = arbiter.get("config"), config_path()

@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from hold.client.connection import ANSWER_TIMEOUT, DaemonSilent, DaemonUnreachable
 from hold.protocol import Ev, Op
-from hold_supervisor.exitcodes import BUSY, TOOL
+from hold_supervisor.exitcodes import BUSY, TOOL, USAGE
 from hold_supervisor.parse import format_duration, format_until, format_when, time_left
 from hold_supervisor.width import shown
 
@@ -78,6 +79,7 @@ def acquire_lease(
     work the caller needs only once granted, done while the daemon checks the
     device (or while in line) instead of after the grant.
     """
+    # lazy: the device modules only once a device is asked for (hold run -- true asks none)
     from hold.devices.gpuids import usable_indices
 
     klass = _device_class(client, cls)
@@ -88,8 +90,7 @@ def acquire_lease(
     short = allowed is not None and len(set(allowed) & set(indices or allowed)) < wanted
     if klass is not None and short:
         # Refused here, saying why (a Slurm job given no GPU must not wait in line).
-        from hold.devices.gpuids import why_unusable
-        from hold_supervisor.exitcodes import USAGE
+        from hold.devices.gpuids import why_unusable  # lazy: as above
 
         say(why_unusable(klass, os.environ, wanted))
         return USAGE
@@ -117,6 +118,7 @@ def acquire_lease(
 def _device_class(client: Client, cls: str) -> DeviceClass | None:
     """The daemon's definition of the class, where it sent one (it grants the
     devices, so its nodes are the ones the command is told about); else ours."""
+    # lazy: the device modules only once a device is asked for (a stack may ask none)
     from hold.devices.classes import classes_from_defs
 
     theirs = classes_from_defs(client.info.get("class_defs") or {}).get(cls)
@@ -164,6 +166,7 @@ class _Line:
     def _show(self, msg: Message | None) -> None:
         """Say where we stand: the live line redrawn, or a line (once per change)."""
         if self.live is not None:
+            # lazy: only for a live line at a terminal
             from hold.client.waitline import summary
 
             self.shown = msg if msg is not None else True
@@ -213,7 +216,7 @@ class _Line:
         then each second for the live line; at the deadline; and after
         :data:`~hold.client.connection.ANSWER_TIMEOUT` without a word, to ask whether the
         daemon still reads."""
-        from hold.client.connection import ANSWER_TIMEOUT
+        # lazy: only while waiting in line; off hold run -- true's path
         from hold.client.waitline import REFRESH
 
         marks = [self.heard + ANSWER_TIMEOUT]
@@ -228,8 +231,6 @@ class _Line:
 
     def _ask_a_new_daemon(self) -> bool:
         """A new session (a daemon started if need be) and the request again."""
-        from hold.client.connection import DaemonUnreachable
-
         try:
             self.client.reopen()
             self.client.send(self.ask)
@@ -242,8 +243,6 @@ class _Line:
         """Nothing heard by the wake time: give up at the deadline; ask a daemon
         silent for too long whether it still reads (125 if not); else say who
         holds the device."""
-        from hold.client.connection import ANSWER_TIMEOUT, DaemonSilent
-
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
             self.say(f"{self.cls} not granted within {self.wait_timeout:g}s; giving up")
@@ -287,6 +286,7 @@ class _Line:
         self, msg: Message, sd: StateDir, klass: DeviceClass | None, env: dict[str, str]
     ) -> Granted:
         """The grant: the lease's variables into ``env``."""
+        # lazy: the device modules only once a device is granted
         from hold.devices.gpuids import visible_env
 
         cls = self.cls
@@ -315,8 +315,6 @@ def daemon_event(client: Client, say: Callable[[str], None]) -> tuple[str, str] 
     If the daemon went away (crashed, restarted), one is started and the
     session re-attached; "lost" if that fails.
     """
-    from hold.client.connection import DaemonUnreachable
-
     msgs = client.read_available()
     if msgs is None:
         try:

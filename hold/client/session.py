@@ -22,16 +22,16 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hold.client.connection import Client, ConfigMismatch, DaemonSilent, DaemonUnreachable
 from hold.client.lease import Granted, acquire_lease, daemon_event
 from hold.errors import HoldError
-from hold.protocol import Op
+from hold.protocol import Op, ProtocolError
+from hold_supervisor.cause import Cause
 from hold_supervisor.exitcodes import TOOL, USAGE
 
 if TYPE_CHECKING:
-    from hold.client.connection import Client
     from hold.protocol import Message
     from hold.statedir import StateDir
-    from hold_supervisor.cause import Cause
 
 
 class DaemonLost(HoldError):
@@ -79,13 +79,6 @@ class LeaseSession:
         stopped only while this process lives (``("this stack", "its units
         are")``).
         """
-        from hold.client.connection import (
-            Client,
-            ConfigMismatch,
-            DaemonSilent,
-            DaemonUnreachable,
-        )
-
         if client is not None:
             return cls(sd, say, client)
         what, stopped = unguarded
@@ -141,9 +134,6 @@ class LeaseSession:
 
         :class:`DaemonLost` if the daemon does not answer or is gone (a restarted
         daemon is re-attached to first, see ``request_renewing``)."""
-        from hold.client.connection import DaemonUnreachable
-        from hold.protocol import ProtocolError
-
         assert self.client is not None
         try:
             return self.client.request_renewing({"op": Op.TREE, **tree})
@@ -168,8 +158,6 @@ class LeaseSession:
     def event(self) -> Cause | None:
         """What the daemon said means for the run: a :class:`Cause` (``expired``,
         ``released``, ``lost``), or None (nothing to do)."""
-        from hold_supervisor.cause import Cause
-
         assert self.client is not None
         ev = daemon_event(self.client, self.say)
         return Cause(ev[0], detail=ev[1]) if ev is not None else None

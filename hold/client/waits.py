@@ -27,6 +27,7 @@ import os
 
 from hold.errors import HoldError
 from hold_supervisor.exitcodes import USAGE
+from hold_supervisor.parse import BadValue, parse_duration
 
 
 class BadWait(HoldError):
@@ -39,7 +40,6 @@ def _override() -> float | None:
     raw = os.environ.get("HOLD_ANSWER_WAIT")
     if raw is None:
         return None
-    from hold_supervisor.parse import BadValue, parse_duration
 
     try:
         return parse_duration(raw, what="HOLD_ANSWER_WAIT (environment)", plain_unit="seconds")

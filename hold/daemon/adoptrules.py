@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hold.daemon.ledger import SessionRec, TreeRec
+from hold.protocol import number_field
 from hold_supervisor.proc import scan
 from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount, within
 from hold_supervisor.proc.identity import ProcessId, read_cmdline, user_name
@@ -63,8 +64,6 @@ def adopt_into(
     the client may signal it (its own, or root asks), and never init, the
     daemon, the client's ancestors, or what another lease or guarded tree has.
     """
-    from hold.protocol import number_field
-
     if not isinstance(d, dict):
         return "bad adoption"
     pid, start = number_field(d, "pid", int), number_field(d, "start", int)

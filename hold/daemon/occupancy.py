@@ -40,6 +40,7 @@ good fraction of a second and must not stall the event loop.
 from __future__ import annotations
 
 import os
+import pwd
 import threading
 from typing import Any, Literal, NamedTuple
 
@@ -216,8 +217,6 @@ class Look(NamedTuple):
 
     def why_unproven(self, cls: str) -> str:
         """For a refused client: which devices, why, and what to do."""
-        import pwd
-
         me = pwd.getpwuid(os.geteuid()).pw_name
         names = ", ".join(f"{cls}:{i}" for i in sorted(self.unproven))
         return (
@@ -288,6 +287,7 @@ def _nvml_witness(cls: DeviceClass, devices: list[int]) -> Holders:
     """For the NVIDIA GPUs among ``devices``: who NVML says has a context on each
     ([] for none: NVML's word that it is free); a device it cannot answer for is
     missing."""
+    # lazy: NVIDIA's only for a class with NVIDIA GPUs; off an idle daemon's memory
     from hold.devices.gpuids import nvidia_minor
 
     nodes = cls.device_nodes()
@@ -295,6 +295,7 @@ def _nvml_witness(cls: DeviceClass, devices: list[int]) -> Holders:
     minors = {i: m for i, m in minors.items() if m is not None}
     if not minors:
         return {}
+    # lazy: NVML (ctypes) only where there are NVIDIA GPUs
     from hold.devices import nvml
 
     listed = nvml.pids_by_minor()

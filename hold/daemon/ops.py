@@ -13,7 +13,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from hold.config import fingerprint
+from hold.config import fingerprint, load
+from hold.daemon.adoptrules import adopt_into
 from hold.daemon.conn import Conn, Request
 from hold.daemon.grants import Grants
 from hold.daemon.ledger import HOLDER_ENDED, SessionRec, TreeRec
@@ -21,6 +22,7 @@ from hold.daemon.report import answer as report_answer
 from hold.daemon.sessions import Endings
 from hold.daemon.state import DaemonState, refuse
 from hold.daemon.status import status
+from hold.devices.classes import classes_from_config
 from hold.documents import LeaseState
 from hold.leases import judge
 from hold.protocol import (
@@ -34,6 +36,7 @@ from hold.protocol import (
     text_field,
 )
 from hold_supervisor.exitcodes import BUSY, TOOL
+from hold_supervisor.parse import BadValue
 from hold_supervisor.proc import scan
 from hold_supervisor.proc.cgroup import cgroup_dir, leaf_named
 from hold_supervisor.proc.identity import ProcessId, read_stat, user_name
@@ -284,8 +287,6 @@ class Ops:
                 return bad
         tree = TreeRec(tree_id, leaf, conn.peer.starttime, grace)
         if d.get("adopt") is not None:
-            from hold.daemon.adoptrules import adopt_into
-
             why = adopt_into(
                 tree, d["adopt"], conn.uid, conn.peer.pid, self.st.sessions.values(), conn.session
             )
@@ -420,10 +421,6 @@ class Ops:
         Refused, keeping the old one whole, when a class that has live leases
         or waiters would be dropped or would name other devices.
         """
-        from hold.config import load
-        from hold.devices.classes import classes_from_config
-        from hold_supervisor.parse import BadValue
-
         st = self.st
         assert st.log is not None
         try:

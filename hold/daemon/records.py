@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import os
 import pwd
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar, TextIO, cast
@@ -18,7 +20,7 @@ from hold.daemon.tokens import UnsafePath, read_token, remove_owned, render, wri
 from hold.documents import EndedLease, EndedLeases
 from hold.leases import LeaseRecord
 from hold.statedir import StateDir
-from hold_supervisor.safefile import remove_in_dir, write_in_dir
+from hold_supervisor.safefile import open_for_append, remove_in_dir, write_in_dir
 
 ENDED_KEPT = 200  # ended leases remembered for the audit
 
@@ -31,9 +33,8 @@ class Log:
     console: ClassVar[TextIO | None] = None
 
     def __init__(self, path: str) -> None:
+        # lazy: structlog (~66 modules) after the daemon's fork, not in its first process
         import structlog
-
-        from hold_supervisor.safefile import open_for_append
 
         # Never through a link someone planted (UnsafePath: the daemon refuses to start).
         self._file = open(open_for_append(path), "a", buffering=1, encoding="utf-8")  # noqa: SIM115
@@ -75,9 +76,6 @@ class _Echo(io.TextIOBase):
     nobody reads must not stop the granting of devices."""
 
     def __init__(self, stream: TextIO, depth: int = 1000) -> None:
-        import queue
-        import threading
-
         super().__init__()
         self.stream = stream
         self.dropped = 0
@@ -85,8 +83,6 @@ class _Echo(io.TextIOBase):
         threading.Thread(target=self._write, name="console", daemon=True).start()
 
     def write(self, text: str) -> int:
-        import queue
-
         try:
             self._q.put_nowait(text)
         except queue.Full:

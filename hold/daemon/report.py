@@ -26,6 +26,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hold.daemon import history
+from hold.daemon.state import report_settings
+from hold.protocol import number_field
 
 if TYPE_CHECKING:
     from hold.daemon.state import DaemonState
@@ -196,9 +198,6 @@ def _stray(
 
 def answer(st: DaemonState, viewer: int, msg: dict[str, Any]) -> dict[str, Any]:
     """The daemon's answer to ``{"op": "report", "since": EPOCH_SECONDS}`` (since optional)."""
-    from hold.daemon.state import report_settings
-    from hold.protocol import number_field
-
     since = number_field(msg, "since", float, 0.0)
     now = time.time()
     entries = history.read(st.sd.path, since) + live_entries(st, now)

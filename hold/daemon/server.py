@@ -49,7 +49,7 @@ from hold.protocol import Ev, ProtocolError
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import TOOL, USAGE
 from hold_supervisor.proc.identity import user_name
-from hold_supervisor.safefile import UnsafePath
+from hold_supervisor.safefile import UnsafePath, open_for_update
 from hold_supervisor.sigwake import drain
 from hold_supervisor.stack.notify import tell_systemd
 
@@ -135,8 +135,6 @@ class Daemon:
 
     def _lock_state_dir(self, ready_fd: int | None) -> bool:
         """Take the state directory's daemon lock; False if another daemon holds it."""
-        from hold_supervisor.safefile import open_for_update
-
         # Never through a planted link (a symlink, or a hard link to a victim
         # we would truncate below): UnsafePath, exit 2.
         lock_fd = open_for_update(self.st.sd.lock)

@@ -13,7 +13,7 @@ import os
 import selectors
 from typing import Any
 
-from hold.config import fingerprint
+from hold.config import Config, fingerprint, parse_file
 from hold.daemon import devlock, ledger, occupancy
 from hold.daemon.conn import Conn
 from hold.daemon.history import History
@@ -27,6 +27,7 @@ from hold.errors import describe
 from hold.protocol import Ev
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import USAGE
+from hold_supervisor.parse import BadValue
 from hold_supervisor.proc.cgroup import v2_mount
 from hold_supervisor.proc.identity import user_name
 from hold_supervisor.safefile import UnsafePath
@@ -156,9 +157,6 @@ class DaemonState:
 def cgroups_mode(path: str | None) -> str | None:
     """The file's ``cgroups:`` setting; None if it cannot be read now (then
     clients read their file themselves)."""
-    from hold.config import parse_file
-    from hold_supervisor.parse import BadValue
-
     if path is None:
         return "auto"
     try:
@@ -170,9 +168,6 @@ def cgroups_mode(path: str | None) -> str | None:
 def report_settings(path: str | None) -> tuple[bool, float]:
     """The file's ``report:`` settings (others' labels shown, sample period); the
     defaults if it cannot be read now."""
-    from hold.config import Config, parse_file
-    from hold_supervisor.parse import BadValue
-
     cfg = Config()
     if path is not None:
         try:

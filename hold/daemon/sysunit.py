@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+from hold.daemon.tokens import write_atomic
+
 UNIT_NAME = "hold-daemon.service"
 
 TEMPLATE = """\
@@ -63,8 +65,6 @@ def install(unit_dir: str, start: bool) -> list[str]:
     Returns what was done, one line each; raises ``OSError`` or
     ``subprocess.CalledProcessError`` on a failure.
     """
-    from hold.daemon.tokens import write_atomic
-
     path = os.path.join(unit_dir, UNIT_NAME)
     write_atomic(path, render(this_hold()).encode(), 0o644)
     done = [f"wrote {path}"]

@@ -225,6 +225,7 @@ def classes_from_config(node: Any, path: str | None) -> dict[str, DeviceClass]:
     out = dict(DEFAULT_CLASSES)
     if node is None:
         return out
+    # lazy: PyYAML only for a file parsed here; npu-hold takes the daemon's classes
     import yaml
 
     def where(n: Any) -> str:
@@ -278,6 +279,7 @@ def _class_fields(
     name: str, vnode: Any, where: Callable[[Any], str], problems: list[BadValue]
 ) -> dict[str, tuple[str, ...]]:
     """A class's lists, by key; each bad key, list or item is added to ``problems``."""
+    # lazy: PyYAML only for a file parsed here; npu-hold takes the daemon's classes
     import yaml
 
     fields: dict[str, tuple[str, ...]] = {}

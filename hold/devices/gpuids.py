@@ -52,6 +52,7 @@ def nvml_gpus() -> list[Gpu] | None:
 
     A GPU NVML may not open (a device cgroup's denial) is left out.
     """
+    # lazy: NVML (ctypes) only when NVIDIA GPUs are asked about; off npu-hold's path
     from hold.devices import nvml
 
     found = nvml.gpus()

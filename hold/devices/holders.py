@@ -34,6 +34,7 @@ from typing import Any, NamedTuple, NoReturn
 from hold.devices.classes import DeviceClass
 from hold.devices.scancache import ScanCache
 from hold_supervisor.proc import scan as procscan
+from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, read_cmdline, read_stat
 from hold_supervisor.proc.scan import KTHREADD, NodeMatcher, kernel_threads, kthreadd_children
 
 # A key for "this node": ("rdev", st_rdev) for device nodes, ("file", dev, ino)
@@ -380,8 +381,6 @@ def details(pid: int) -> Details:
     than ``hold audit``'s whole scan (7 ms on an idle machine, twice that
     where site-packages is large); three small files tell the same.
     """
-    from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, read_cmdline, read_stat
-
     try:
         command = read_cmdline(pid)
         start = read_stat(pid).starttime
@@ -432,6 +431,7 @@ def _nvml(
     if not pids:
         return
     if asked is None:
+        # lazy: NVML (ctypes) only for gpu holders; off hold audit's and the daemon's start
         from hold.devices import nvml
 
         asked = nvml.used_memory

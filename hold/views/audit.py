@@ -12,18 +12,22 @@ lease. Anything else is STRAY, with the reason.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
 from hold.devices.classes import DeviceClass
 from hold.devices.holders import Holder, details, device_memory, scan, targets
 from hold.errors import HoldError
+from hold.leases import LeaseRecord
+from hold.protocol import Op, ProtocolError
 from hold.statedir import StateDir
 from hold_supervisor.proc import scan as procscan
 from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount, within
-from hold_supervisor.proc.identity import Stat, user_name
+from hold_supervisor.proc.identity import ProcessId, Stat, user_name
 
 if TYPE_CHECKING:
     from hold.devices.nvml import Prefetch
@@ -61,8 +65,6 @@ def live_leases(sd: StateDir) -> list[LeaseView]:
     """
     if not os.path.exists(sd.socket):
         return []  # what connecting would find, without importing the client (~8 ms, issue 13)
-    from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
-    from hold.protocol import Op, ProtocolError
 
     try:
         client = Client.connect(sd, autostart=False)
@@ -79,7 +81,6 @@ def live_leases(sd: StateDir) -> list[LeaseView]:
     out: list[LeaseView] = []
     if not ans.get("leases"):
         return out
-    from hold.leases import LeaseRecord
 
     for raw in ans["leases"]:
         try:
@@ -310,7 +311,7 @@ def stray_lines(doc: dict[str, Any]) -> list[str]:
     """``--log``'s lines: one JSON object per stray row, with what ``--kill`` did to
     it (``stopped``, ``outcome``, ``survivors``: absent without ``--kill``), when,
     on which host, and in a Slurm job's epilog which job (``SLURM_JOB_ID``)."""
-    import json
+    # lazy: socket only for --log; off plain hold audit
     import socket
 
     killed = {k["pid"]: k for k in doc.get("killed", [])}
@@ -414,7 +415,7 @@ def _stop_stray(
     r: dict[str, Any], st: Stat, spare: frozenset[int], grace: float, ended: Ended
 ) -> dict[str, Any]:
     """Stop the tree of the live stray ``r``; note in ``ended`` whom the stop ended."""
-    from hold_supervisor.proc.identity import ProcessId
+    # lazy: proc.stop and proc.tree only for --kill; off plain hold audit
     from hold_supervisor.proc.stop import stop_tree
     from hold_supervisor.proc.tree import Tree
 

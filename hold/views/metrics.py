@@ -27,6 +27,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from hold_supervisor.safefile import write_atomic
+
 Labels = dict[str, str]
 Sample = tuple[Labels, float]
 
@@ -202,7 +204,6 @@ def main_metrics(ans: dict[str, Any], audit: dict[str, Any] | None, output: str 
     if output is None:
         print(text, end="")
         return 0
-    from hold_supervisor.safefile import write_atomic
 
     write_atomic(output, text.encode(), 0o644)
     return 0

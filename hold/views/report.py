@@ -22,6 +22,11 @@ import textwrap
 import time
 from typing import Any
 
+from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
+from hold.daemon import history
+from hold.daemon.report import build
+from hold.errors import HoldError
+from hold.protocol import Ev, Op
 from hold.statedir import StateDir
 from hold_supervisor.parse import BadValue, format_bytes, format_duration, parse_duration
 from hold_supervisor.width import columns, cut, fit, room, shown, table
@@ -73,10 +78,6 @@ def parse_since(text: str | None, now: float) -> float:
 
 def fetch(sd: StateDir, since: float, show_labels: bool) -> dict[str, Any]:
     """The report: the daemon's answer, or the history file read here (no daemon)."""
-    from hold.client.connection import Client, DaemonSilent, DaemonUnreachable
-    from hold.errors import HoldError
-    from hold.protocol import Ev, Op
-
     try:
         client = Client.connect(sd, autostart=False)
     except DaemonSilent as e:
@@ -99,10 +100,6 @@ def _from_file(
     sd: StateDir, since: float, show_labels: bool, silent: Exception | None = None
 ) -> dict[str, Any]:
     """The report read here; ``silent``: why the daemon was not asked (it did not answer)."""
-    from hold.daemon import history
-    from hold.daemon.report import build
-    from hold.errors import HoldError
-
     try:
         entries = history.read(sd.path, since)
     except PermissionError:

@@ -61,6 +61,7 @@ def with_gpu(ans: dict[str, Any]) -> dict[str, Any]:
     devices = [d for info in ans["classes"].values() for d in info["devices"]]
     if not any(isinstance(d.get("nvidia_minor"), int) for d in devices):
         return ans
+    # lazy: NVML (ctypes) only where such a device is; off hold status's start
     from hold.devices import nvml
 
     figures = nvml.figures()

@@ -19,6 +19,8 @@ import costs about 1.5 ms; ``rich`` would cost 47 ms and read no keys).
 
 from __future__ import annotations
 
+import curses
+import locale
 import os
 import sys
 import threading
@@ -26,9 +28,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hold.client.connection import Client
 from hold.devices.classes import DeviceClass
 from hold.errors import HoldError
+from hold.protocol import Op
 from hold.statedir import StateDir
+from hold.views.audit import build_report
+from hold.views.status import with_gpu
 from hold.views.topframe import DIM, HEAD, RED, Line, Snapshot, frame
 from hold_supervisor.parse import BadValue, parse_duration
 
@@ -72,10 +78,6 @@ class Sources:
         """The daemon's ``status`` answer (none is started), with each NVIDIA GPU's
         utilisation and memory (:func:`hold.views.status.with_gpu`); one of
         :data:`FAILED` if none."""
-        from hold.client.connection import Client
-        from hold.protocol import Op
-        from hold.views.status import with_gpu
-
         client = Client.connect(self.sd, autostart=False)
         try:
             ans: dict[str, Any] = client.request({"op": Op.STATUS})
@@ -85,8 +87,6 @@ class Sources:
 
     def audit(self) -> dict[str, Any]:
         """``hold audit --json``'s report (every class; nothing is stopped)."""
-        from hold.views.audit import build_report
-
         return build_report(self.sd, self.classes, None)
 
     def stacks(self) -> tuple[list[dict[str, Any]], list[str]]:
@@ -183,8 +183,6 @@ def main_top(
         except BrokenPipeError:  # its reader is gone (| head): nothing more to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
             return 0
-    import curses
-    import locale
 
     locale.setlocale(locale.LC_ALL, "")  # curses writes non-ASCII text by the locale's encoding
     # The screen's own size, not LINES/COLUMNS (which ncurses would prefer and never
@@ -218,8 +216,6 @@ def _plain(feed: Feed, iterations: int) -> int:
 
 def _live(scr: curses.window, feed: Feed, iterations: int | None) -> None:
     """Paint until ``q`` (or the frame after the ``iterations``-th, each shown a period)."""
-    import curses
-
     try:
         curses.curs_set(0)
     except curses.error:
@@ -247,8 +243,6 @@ def _live(scr: curses.window, feed: Feed, iterations: int | None) -> None:
 
 
 def _paint(scr: curses.window, feed: Feed, styles: dict[str, int]) -> None:
-    import curses
-
     height, width = scr.getmaxyx()
     scr.erase()
     for y, line in enumerate(feed.lines(width, height)):

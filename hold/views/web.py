@@ -29,9 +29,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from typing import Any, NamedTuple
 
+from hold.client.connection import Client, DaemonUnreachable
+from hold.config import load
 from hold.devices.classes import DeviceClass
 from hold.errors import HoldError
+from hold.protocol import Op, ProtocolError
 from hold.statedir import StateDir
+from hold.views.audit import build_report
+from hold.views.metrics import render
+from hold.views.report import fetch
+from hold.views.status import status_document, with_gpu
 from hold_supervisor.exitcodes import USAGE
 from hold_supervisor.parse import BadValue
 
@@ -137,8 +144,6 @@ class Sources:
 
     def status(self) -> dict[str, Any]:
         """``hold status --json``'s document."""
-        from hold.views.status import status_document
-
         return status_document(self._answer.get())
 
     def audit(self) -> dict[str, Any]:
@@ -153,14 +158,9 @@ class Sources:
 
     def metrics(self) -> str:
         """``hold metrics``' text: its renderer, over the same status and audit."""
-        from hold.views.metrics import render
-
         return render({"status": self._answer.get(), "audit": self.audit()})
 
     def _ask_status(self) -> dict[str, Any]:
-        from hold.client.connection import Client, DaemonUnreachable
-        from hold.protocol import Op, ProtocolError
-
         try:  # never starts a daemon: a page left open must not keep one alive
             client = Client.connect(self.sd, autostart=False)
         except DaemonUnreachable as e:
@@ -171,18 +171,13 @@ class Sources:
             raise Unavailable(f"the daemon did not answer: {e}") from None
         finally:
             client.close()
-        from hold.views.status import with_gpu
 
         return with_gpu(ans)
 
     def _scan(self) -> dict[str, Any]:
-        from hold.views.audit import build_report
-
         return build_report(self.sd, self.classes, None)
 
     def _ask_report(self) -> dict[str, Any]:
-        from hold.views.report import fetch
-
         try:
             return fetch(self.sd, 0.0, self.report_labels)
         except HoldError as e:
@@ -328,16 +323,12 @@ def main_web(sd: StateDir, classes: dict[str, DeviceClass], listen: str) -> int:
 
 def _report_labels() -> bool:
     """The configuration's ``report: {labels: ...}`` (``hold report`` reads it too)."""
-    from hold.config import load
-
     return load().report_labels  # read once already by the command: it is good
 
 
 def _start_daemon(sd: StateDir) -> None:
     """As ``hold status`` does: a daemon serving when the page opens (a client
     starts one where none serves). If that fails, the page says so and serves."""
-    from hold.client.connection import Client, DaemonUnreachable
-
     try:
         Client.connect(sd).close()
     except DaemonUnreachable as e:

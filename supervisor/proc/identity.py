@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import select
 import signal
 from typing import NamedTuple
 
@@ -159,8 +160,6 @@ class ProcessId(NamedTuple):
     def wait_gone(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until this process has exited; True once it has
         (a zombie has), False if it still runs or may not be looked at."""
-        import select
-
         try:
             h = self.open()
         except NoSuchProcess:

@@ -43,7 +43,7 @@ from typing import NamedTuple
 from hold_supervisor.environ import MARKER
 from hold_supervisor.proc import scan, spawned
 from hold_supervisor.proc.cache import ProcCache, listing
-from hold_supervisor.proc.cgroup import Leaf
+from hold_supervisor.proc.cgroup import Leaf, cgroup_dir, v2_mount, within
 from hold_supervisor.proc.identity import (
     AccessDenied,
     NoSuchProcess,
@@ -494,8 +494,6 @@ class Tree:
         """Is ``ident`` alive, not in its exit, and in a cgroup outside the leaf, by its
         own ``/proc/PID/cgroup`` read now (a look's stat and the leaf's list are
         read at different moments: a member killed between them seemed outside)?"""
-        from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount, within
-
         assert self.leaf is not None
         st = scan.stat_of(ident.pid)
         if st is None or st.starttime != ident.starttime or st.is_dead or st.is_exiting:
@@ -506,7 +504,6 @@ class Tree:
     def _root_elsewhere(self) -> bool:
         """Is the root in a cgroup that is neither its leaf nor ours?"""
         assert self.root is not None and self.leaf is not None
-        from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount
 
         mount = v2_mount()
         where = cgroup_dir(self.root.pid, mount)

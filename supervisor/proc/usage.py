@@ -74,6 +74,7 @@ def of_leaf(path: str) -> TreeUsage | None:
     memory = _number(path, "memory.current")
     count = _number(path, "pids.current")
     if memory is None or count is None:
+        # lazy: proc.cgroup only for a leaf short of figures; off hold status's start
         from hold_supervisor.proc.cgroup import Leaf
 
         pids = Leaf(path).pids()
@@ -85,6 +86,7 @@ def of_leaf(path: str) -> TreeUsage | None:
 
 def of_pids(pids: Iterable[int]) -> TreeUsage:
     """The figures of the processes ``pids`` (those gone meanwhile left out), through psutil."""
+    # lazy: psutil (~20 modules) only for figures; off the daemon's and supervisor's start
     import psutil
 
     at = time.monotonic()

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf
-
-if TYPE_CHECKING:
-    from hold_supervisor.proc.tree import Tree
+from hold_supervisor.proc.reaper import become_subreaper
+from hold_supervisor.proc.stop import reap_adopted
+from hold_supervisor.proc.tree import Tree, move_into
 
 # How often an adopted job's walked tree is looked at while it runs (seconds).
 WALK_LOOK = 2.0
@@ -61,8 +61,6 @@ class Containment(ABC):
         environment is still found when its parent in the tree dies -- the
         orphan comes to us, whatever cgroup it is in (issue 24)."""
         if not self._reaping:
-            from hold_supervisor.proc.reaper import become_subreaper
-
             become_subreaper()
             self._reaping = True
         return self._make(name)
@@ -100,8 +98,6 @@ class Containment(ABC):
     def reap_orphans(self, owned: frozenset[int]) -> None:
         """On SIGCHLD: reap the orphans this subreaper adopted (never a child in
         ``owned``, whose reaper is its :class:`~hold_supervisor.spawn.child.Child`)."""
-        from hold_supervisor.proc.stop import reap_adopted
-
         reap_adopted(owned)
 
 
@@ -129,8 +125,6 @@ class LeafContainment(Containment):
         leaf.remove(self.hierarchy.base)
 
     def take_in(self, tree: Tree, name: str) -> tuple[Leaf | None, list[int]]:
-        from hold_supervisor.proc.tree import move_into
-
         leaf = self.hierarchy.create(name)
         failed = move_into(tree, leaf)
         if (tree.root is not None and tree.root.pid in failed) or not leaf.pids():
@@ -167,6 +161,7 @@ class WalkContainment(Containment):
         return None, []
 
     def keep(self, grace: float, spare: Callable[[], set[int]] = set) -> bool:
+        # lazy: the keeper only where there is no cgroup; off a leaf's run
         from hold_supervisor.spawn.keeper import split
 
         return split(grace=grace, spare=spare)

@@ -27,6 +27,7 @@ it is reported synchronously, as ``posix_spawn`` reports it.
 
 from __future__ import annotations
 
+import ctypes
 import errno as _errno
 import os
 import signal
@@ -118,7 +119,6 @@ def clone_into(
 def _fork_into(call: Callable[..., int], dirfd: int, err_w: int, what: _Exec) -> int | None:
     """The clone itself, every signal blocked around it; the pid, or None if refused."""
     global _refused
-    import ctypes
 
     struct = (ctypes.c_uint64 * len(_FIELDS))()
     struct[_FIELDS.index("flags")] = _CLONE_INTO_CGROUP
@@ -230,8 +230,6 @@ def _clone3() -> Callable[..., int]:
     """libc's ``syscall``, loaded once (ctypes costs ~1.4 ms to import: only here)."""
     global _syscall
     if _syscall is None:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.syscall
         fn.restype = ctypes.c_long

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from hold_supervisor.proc import scan
 from hold_supervisor.proc.reaper import become_subreaper, is_subreaper
 
 PR_SET_NAME = 15
@@ -141,9 +142,6 @@ def _end_descendants(grace: float, spare: Callable[[], set[int]]) -> None:
     would not change it."""
     if not _reap():
         return  # no child, so nothing below: the usual end, no look at /proc
-    # Imported here, by the keeper only: off the launcher's start-up (a benchmark).
-    from hold_supervisor.proc import scan
-
     me = os.getpid()
     deadline = time.monotonic() + grace
     signum = signal.SIGTERM if grace > 0 else signal.SIGKILL

@@ -26,6 +26,7 @@ from hold_supervisor.stack.controlsock import Message, Reply
 from hold_supervisor.stack.eventtypes import OnMain, Outcome, Result
 from hold_supervisor.stack.start import launch, start_and_wait
 from hold_supervisor.stack.state import StackState
+from hold_supervisor.stack.stop import levels
 from hold_supervisor.stack.units import TaskUnit, Unit, reap
 from hold_supervisor.stack.wire import StackEv, StackOp
 from hold_supervisor.states import CallState, UnitState, advance
@@ -261,8 +262,6 @@ def _stop_bound(st: StackState) -> float:
     """How long the stop may take at most (seconds), as :func:`hold_supervisor.stack.stop.stop_all`
     goes: the calls (each task's grace), the jobs' end, the units level by level
     (each level's longest grace), the survivor check. ``hold down`` waits that long."""
-    from hold_supervisor.stack.stop import levels
-
     calls = sum(t.spec.stop.grace + _MARGIN for t in st.tasks.values())
     jobs = max((u.spec.stop.grace for u in st.units.values()), default=0.0) + _MARGIN
     units = sum(max(u.spec.stop.grace for u in lv) + 5.0 for lv in levels(st))

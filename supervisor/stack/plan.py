@@ -21,6 +21,7 @@ from hold_supervisor.documents import StackRecord, StackRunState
 from hold_supervisor.environ import minimal_env
 from hold_supervisor.errors import SupervisorError
 from hold_supervisor.exitcodes import TOOL, USAGE
+from hold_supervisor.proc.cgroup import CgroupUnavailable
 from hold_supervisor.safefile import (
     UnsafePath,
     check_file,
@@ -266,8 +267,6 @@ def _probe_starter(u: Unit) -> Callable[[tuple[str, ...]], Child]:
 def make_trees(st: StackState) -> None:
     """Each unit's cgroup leaf (or this process a subreaper), told to the caller
     (``on_tree_prepared``) before anything starts."""
-    from hold_supervisor.proc.cgroup import CgroupUnavailable
-
     try:
         for u in st.every():
             u.leaf = st.containment.home(f"hold-{u.tree_id}")

@@ -39,7 +39,7 @@ from hold_supervisor.proc import scan
 from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, read_cmdline
 from hold_supervisor.proc.stop import stop_tree
 from hold_supervisor.proc.tree import Tree
-from hold_supervisor.spawn.child import Child
+from hold_supervisor.spawn.child import Child, SpawnError
 
 PROBE_CALL_TIMEOUT = 1.0  # one HTTP request or TCP connect
 EXEC_ATTEMPT_TIMEOUT = 10.0  # one run of an exec probe, at most
@@ -251,8 +251,6 @@ class ExecProbe(Probe):
         os.close(self._abort_w)
 
     def check(self, tree: Tree, limit: float) -> Answer:
-        from hold_supervisor.spawn.child import SpawnError
-
         try:
             child = self.start(self.argv)
         except SpawnError as e:

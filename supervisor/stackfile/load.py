@@ -25,6 +25,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import yaml
+
+from hold_supervisor import yamlsafe
 from hold_supervisor.errors import SupervisorError
 from hold_supervisor.exitcodes import USAGE
 from hold_supervisor.stackfile import dotenv, placeholders, schema
@@ -47,6 +50,7 @@ from hold_supervisor.stackfile.spec import (
     line_of,
 )
 from hold_supervisor.stackfile.values import UNIT_KINDS, YamlWord
+from hold_supervisor.yamlsafe import scalar_value
 
 __all__ = [
     "READY_KINDS",
@@ -90,8 +94,6 @@ def load(path: str, *, text: str | None = None, extra_check: ExtraCheck | None =
     ``extra_check`` adds the caller's checks (:mod:`hold` checks the device
     class and label of ``hold:``); their problems are reported with the rest.
     """
-    from hold_supervisor import yamlsafe
-
     shown = path
     try:
         if text is None:
@@ -169,10 +171,6 @@ def _plain(
     The reader bounded the depth and the size with aliases expanded, and
     refused duplicate and non-scalar keys, so this recursion is bounded.
     """
-    import yaml
-
-    from hold_supervisor.yamlsafe import scalar_value
-
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}

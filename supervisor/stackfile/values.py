@@ -15,6 +15,7 @@ from typing import Any, Literal
 from hold_supervisor.environ import check_name
 from hold_supervisor.parse import BadValue, parse_cpus, parse_duration
 from hold_supervisor.stackfile.name import STACK_NAME
+from hold_supervisor.stackfile.spec import ArgSpec
 
 UNIT_KINDS = ("service", "oneshot", "task")
 ARG_TYPES = ("int", "float", "str", "bool")
@@ -317,8 +318,6 @@ def arg_fits(
     allowed: tuple[Any, ...] | None,
 ) -> None:
     """A task argument's bounds fit its type ``t`` (``ValueError`` if not)."""
-    from hold_supervisor.stackfile.spec import ArgSpec
-
     if t not in ("int", "float") and (low is not None or high is not None):
         raise ValueError(f"min and max are for int and float arguments, not {t}")
     if t == "int":
