@@ -16,14 +16,13 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import fresh_leaf
+from conftest import fresh_leaf, wait_for
 
 from hold_supervisor.environ import minimal_env
-from hold_supervisor.proc import scan
 from hold_supervisor.proc.cgroup import CgroupUnavailable, Leaf, v2_mount
 from hold_supervisor.spawn import intoleaf
 from hold_supervisor.spawn.child import SpawnError, spawn
@@ -38,16 +37,34 @@ def leaf() -> Iterator[Leaf]:
         pytest.skip(f"no writable cgroup v2 here: {e}")
 
 
-def _clone3_usable() -> None:
-    """Skip, saying why, where ``clone_into`` takes the stub's way on purpose: another
-    thread in this test process (a plugin's, say), or a kernel that refuses clone3."""
-    if not intoleaf._single_threaded():
-        pytest.skip(
-            f"this test process runs {scan.thread_count('self')} threads: clone3 is used "
-            "only single-threaded (the stub's way is tested below)"
-        )
-    if intoleaf._refused is not None:
-        pytest.skip(f"the kernel refuses clone3(CLONE_INTO_CGROUP): errno {intoleaf._refused}")
+def _single_threaded(check: Callable[[], str]) -> str:
+    """``check()``'s answer, run where this process has one thread: here, or (beside
+    another thread: pytest-xdist's, a plugin's) in a fork of this thread, which has
+    only it. ``clone_into`` takes clone3 only single-threaded, on purpose."""
+    if intoleaf._single_threaded():
+        return check()
+    intoleaf.preload()  # ctypes imported before the fork: no import lock in the child
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one thread; answers, and leaves without cleanup
+        os.close(r)
+        try:
+            answer = check()
+        except BaseException as e:
+            answer = f"raised {e!r}"
+        os.write(w, answer.encode())
+        os._exit(0)
+    os.close(w)
+    try:
+        answer = _read_all(r).decode()
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return answer
+
+
+def _refused_skip() -> None:
+    pytest.skip(f"the kernel refuses clone3(CLONE_INTO_CGROUP): errno {intoleaf._refused}")
 
 
 def _env() -> dict[str, str]:
@@ -108,12 +125,14 @@ def _clone_cat(leaf: Leaf, argv: list[str]) -> tuple[int | None, bytes]:
 
 
 def test_a_single_threaded_caller_clones_straight_into_the_leaf(leaf: Leaf) -> None:
-    _clone3_usable()
-    pid, out = _clone_cat(leaf, ["/bin/cat", "/proc/self/cgroup"])
-    if pid is None:
-        _clone3_usable()  # refused by this call: skipped, with the errno
-    assert pid is not None
-    assert f"0::{_rel(leaf)}" in out.decode().splitlines()
+    def check() -> str:
+        pid, out = _clone_cat(leaf, ["/bin/cat", "/proc/self/cgroup"])
+        return "refused" if pid is None else out.decode()
+
+    out = _single_threaded(check)
+    if out == "refused":
+        _refused_skip()
+    assert f"0::{_rel(leaf)}" in out.splitlines(), out
 
 
 def test_with_another_thread_alive_the_stub_is_used_and_the_child_still_lands_in_the_leaf(
@@ -153,20 +172,31 @@ def test_a_working_directory_the_child_cannot_enter_is_an_error(leaf: Leaf, tmp_
     # spawn() refuses a missing directory before anything runs; this is the
     # child's own chdir failing after the clone (a file: ENOTDIR for anyone).
     (tmp_path / "file").write_text("")
-    _clone3_usable()
-    with pytest.raises(intoleaf.ChdirFailed):
-        intoleaf.clone_into(
-            leaf.path,
-            "/bin/true",
-            ["true"],
-            _env(),
-            [],
-            new_session=True,
-            cwd=str(tmp_path / "file"),
-        )
+
+    def check() -> str:
+        try:
+            pid = intoleaf.clone_into(
+                leaf.path,
+                "/bin/true",
+                ["true"],
+                _env(),
+                [],
+                new_session=True,
+                cwd=str(tmp_path / "file"),
+            )
+        except intoleaf.ChdirFailed:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return "ChdirFailed, nobody left to reap"
+            return "ChdirFailed, a child left to reap"
+        return "refused" if pid is None else f"no error: pid {pid}"
+
+    answer = _single_threaded(check)
+    if answer == "refused":
+        _refused_skip()
+    assert answer == "ChdirFailed, nobody left to reap"
     assert leaf.wait_empty(5.0)
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)
 
 
 def test_a_signal_handler_of_ours_never_runs_in_the_child(leaf: Leaf) -> None:
@@ -215,6 +245,9 @@ def test_a_leaf_emptied_by_cgroup_kill_still_takes_a_new_child(leaf: Leaf) -> No
     cgroup.kill emptied before (a stopped unit's leaf, used again): the spawn
     notices the clone never ran and joins the leaf through the stub instead."""
     first = spawn(["sleep", "30"], env=_env(), cgroup=leaf)
+    # Born in the leaf where clone3 is taken; through the stub (beside another
+    # thread) it is in the leaf a moment after spawn returns.
+    wait_for(lambda: first.pid in leaf.pids(), 10, 0.01, "the first child in the leaf")
     leaf.kill()
     assert first.collect(10) == -signal.SIGKILL
     r, w = os.pipe()
