@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from hold.client import waits
 from hold.protocol import check_label
 from hold_supervisor.parse import BadValue, did_you_mean
-from hold_supervisor.proc.scan import stall_hint
 
 if TYPE_CHECKING:
     from hold.config import Config
@@ -157,6 +156,10 @@ def supervisor_of(name: str) -> int | None:
 
 def stopped_text(pid: int | None) -> str:
     """``" (its process is stopped: ...)"`` where the kernel says it is (``""`` else)."""
+    # lazy: /proc's reader only for a stack that did not answer; this module is
+    # loaded before hold up --detach forks
+    from hold_supervisor.proc.scan import stall_hint
+
     return stall_hint(pid, waiting=False)
 
 

@@ -23,10 +23,8 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from hold.cli.stackdir import run_dir_of, say
-from hold.documents import UpStatus
 from hold.protocol import Ev
 from hold_supervisor.exitcodes import EXPIRED, RELEASED, TOOL, USAGE, signalled
-from hold_supervisor.proc.cgroup import CgroupUnavailable
 
 if TYPE_CHECKING:
     from hold.client.session import LeaseSession
@@ -103,6 +101,10 @@ class StatusPipe:
         os.set_inheritable(fd, False)
 
     def write(self, text: str) -> None:
+        # lazy: this module is loaded before hold up --detach forks (dataclasses and
+        # the documents are ~30 modules); a status line is only written after it
+        from hold.documents import UpStatus
+
         with self.lock:
             if self.fd >= 0:
                 try:
@@ -113,6 +115,8 @@ class StatusPipe:
         print(text, file=sys.stderr, flush=True)
 
     def ready(self) -> None:
+        from hold.documents import UpStatus  # lazy: as in write, after the fork
+
         with self.lock:
             if self.fd >= 0:
                 try:
@@ -160,6 +164,7 @@ class StackRun:
         # lazy: the run's machinery, only where the stack runs: off hold down NAME
         # (which imports this module) and off the hold up --detach command
         from hold.client.session import LeaseSession
+        from hold_supervisor.proc.cgroup import CgroupUnavailable
         from hold_supervisor.spawn.containment import choose
         from hold_supervisor.stack.display import Display
         from hold_supervisor.stack.stack import Stack, StackError

@@ -6,7 +6,6 @@ started before the file is read so that its imports overlap the validation).
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import sys
 from typing import TYPE_CHECKING
@@ -26,6 +25,8 @@ def with_scratch_floor(spec: StackSpec, floor: int | None) -> StackSpec:
     every unit's scratch that names none of its own (None: the built-in default)."""
     if floor is None:
         return spec
+    import dataclasses  # lazy: after the fork (inspect and ast come with it)
+
     units = {
         name: dataclasses.replace(u, scratch=dataclasses.replace(u.scratch, min_free=floor))
         if u.scratch is not None and u.scratch.min_free is None

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 from hold.cli.stackdir import open_sd, run_dir_of, say
 from hold.cli.stackrun import StatusPipe, UpSettings, run_up
-from hold.documents import BadDocument, UpHandOver, UpStatus
 from hold_supervisor.exitcodes import USAGE
 from hold_supervisor.parse import BadValue
 
 if TYPE_CHECKING:
+    from hold.documents import UpHandOver
     from hold_supervisor.stackfile.spec import StackSpec
 
 
@@ -70,6 +70,7 @@ class Starter:
     def hand_over(self, spec: StackSpec, settings: UpSettings, run_for: float | None) -> int:
         """Send the stack; 0 once it is up, else the supervisor's exit status."""
         # lazy: not before the fork; by now the validation has loaded it
+        from hold.documents import UpHandOver
         from hold_supervisor.stackfile.spec import to_json
 
         doc = UpHandOver(to_json(spec), *settings, run_for)
@@ -81,6 +82,8 @@ class Starter:
         return self._follow(spec.name)
 
     def _follow(self, name: str) -> int:
+        from hold.documents import BadDocument, UpStatus  # lazy: after the fork
+
         with os.fdopen(self.status_r, "rb") as f:
             for raw in f:
                 try:
@@ -182,6 +185,9 @@ def main(argv: list[str]) -> int:
         data = f.read()
     if not data:
         return 0
+
+    # lazy: the supervisor's side, after the fork (this module is loaded before it)
+    from hold.documents import UpHandOver
 
     return _run(UpHandOver.decode(data, "hold up's hand-over"), status_fd)
 
