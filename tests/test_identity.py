@@ -6,6 +6,7 @@ import json
 import os
 import pwd
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -337,3 +338,57 @@ def test_within_is_by_whole_components() -> None:
     assert within("/sys/fs/cgroup/a/b/call-1", "/sys/fs/cgroup/a/b")
     assert not within("/sys/fs/cgroup/a/b-2", "/sys/fs/cgroup/a/b")
     assert not within("/sys/fs/cgroup/a", "/sys/fs/cgroup/a/b")
+
+
+def test_the_environment_is_read_after_an_execve_under_way() -> None:
+    """Between the two halves of an execve a process's environment reads empty
+    (its new memory has none placed yet), though its parent may already have
+    seen the exec succeed; a marker read then was missed, and a stop missed a
+    member just spawned (seen under load). Read over and over while a child
+    execs nine times, every read finds the marker: an exec under way is waited
+    out. A plain read of /proc/PID/environ in the same loop misses in nearly
+    every run."""
+    entry = b"HOLD_TREE=t-execwindow"
+    env = {"PATH": os.environ["PATH"], "HOLD_TREE": "t-execwindow"}
+    chain = [shutil.which("env") or "/usr/bin/env"] * 8 + ["sleep", "60"]
+    for _ in range(5):
+        child = subprocess.Popen(chain, env=env)
+        reads: list[bool | None] = []
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                reads.append(procscan.environ_has(child.pid, entry))
+                st = procscan.stat_of(child.pid)
+                assert st is not None
+                if st.comm == "sleep" and not st.in_exec:
+                    break
+            else:
+                pytest.fail("the chain of execs did not reach sleep in 10 s")
+            reads.append(procscan.environ_has(child.pid, entry))
+            assert all(reads), f"{reads.count(False)} of {len(reads)} reads missed the marker"
+            value = procscan.environ_value(child.pid, b"HOLD_TREE")
+            assert value == "t-execwindow"
+        finally:
+            child.kill()
+            child.wait(timeout=10)
+
+
+def test_a_process_with_no_environment_is_not_taken_for_one_in_exec() -> None:
+    """``env -i``: an empty environment that no exec will fill. Its stat places
+    the environment (empty) in memory, so it is not waited for as an exec under
+    way, and it reads empty."""
+    p = subprocess.Popen(["env", "-i", "sleep", "60"])
+    try:
+
+        def asleep() -> bool:
+            st = procscan.stat_of(p.pid)
+            return st is not None and st.comm == "sleep" and st.state == "S"
+
+        wait_for(asleep, what="env -i to exec sleep")
+        st = procscan.stat_of(p.pid)
+        assert st is not None and st.env_end != 0 and not st.in_exec
+        assert procscan.environ(p.pid) == b""
+        assert procscan.environ_has(p.pid, b"PATH=/usr/bin") is False
+    finally:
+        p.kill()
+        p.wait(timeout=10)

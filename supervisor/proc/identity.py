@@ -22,6 +22,9 @@ from typing import NamedTuple
 
 from hold_supervisor.errors import SupervisorError
 
+_PF_EXITING = 0x4
+_PF_KTHREAD = 0x00200000
+
 
 class NoSuchProcess(SupervisorError):
     """The process is gone, or the pid now names a different process."""
@@ -50,6 +53,10 @@ class Stat(NamedTuple):
     session: int
     starttime: int
     flags: int = 0  # the kernel's PF_* flags of the task
+    # Where its environment ends in its memory (field 51, Linux 3.5+). 0 for a
+    # task with no memory of its own (kernel thread, exiting, zombie), for one
+    # this user may not ptrace, and for one in the middle of an execve.
+    env_end: int = 0
 
     @property
     def is_dead(self) -> bool:
@@ -59,7 +66,18 @@ class Stat(NamedTuple):
     @property
     def is_exiting(self) -> bool:
         """In its exit (``PF_EXITING``): already out of its cgroup, not yet a zombie."""
-        return bool(self.flags & 0x4)
+        return bool(self.flags & _PF_EXITING)
+
+    @property
+    def in_exec(self) -> bool:
+        """Between the two halves of an execve: its new memory has no arguments
+        or environment yet (``/proc/PID/environ`` reads empty), though its parent
+        may already have seen the exec succeed (see
+        :func:`hold_supervisor.proc.scan.environ`). Meaningful only for a process
+        this user may ptrace, which is what reading its environment needs."""
+        return (
+            self.env_end == 0 and not self.is_dead and not self.flags & (_PF_EXITING | _PF_KTHREAD)
+        )
 
 
 def parse_stat(pid: int, data: bytes) -> Stat:
@@ -78,6 +96,7 @@ def parse_stat(pid: int, data: bytes) -> Stat:
         session=int(f[3]),
         starttime=int(f[19]),
         flags=int(f[6]),
+        env_end=int(f[48]) if len(f) > 48 else 1,
     )
 
 
