@@ -118,7 +118,12 @@ def granted(client: subprocess.Popen[str], index: int = 0) -> dict[str, object]:
         assert client.poll() is None, client.communicate()
         return token(index)
 
-    return wait_for(look, 20, 0.02, f"the lease of fake:{index}")
+    try:
+        return wait_for(look, 20, 0.02, f"the lease of fake:{index}")
+    except AssertionError as e:
+        client.send_signal(signal.SIGTERM)
+        _out, err = client.communicate(timeout=30)
+        raise AssertionError(f"{e}; the client said: {err}") from None
 
 
 def ended(client: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
@@ -208,6 +213,26 @@ def test_the_job_ending_by_itself_ends_the_lease(tmp_path: Path, jobs: Jobs) -> 
     assert code == 0, err
     assert f"adopted pid {proc.pid}" in err
     assert token(0) is None  # the lease is over when the client returns
+
+
+def test_a_job_whose_children_come_and_go_is_granted(tmp_path: Path, jobs: Jobs) -> None:
+    """The job's children hold its node for a millisecond each, one after
+    another. A grant's holder scan sees one of them; by the adopted tree's look
+    a moment later it has ended: it holds nothing then, and is no reason to
+    wait (it was read as a holder that is no member, and the grant waited
+    for the next check, and again, past 20 s under load)."""
+    nodes = fake_nodes(tmp_path)
+    go = tmp_path / "go"
+    script = f"exec 3<{nodes[0]}; until [ -e {go} ]; do sleep 0.001; done"
+    proc = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    jobs.jobs.append(proc)  # type: ignore[arg-type]
+    wait_for(lambda: holds_node(proc.pid, nodes[0]), 10, 0.02, "the job holding fake:0")
+    client = jobs.adopt(proc.pid, "-t", "1m")
+    granted(client)
+    go.touch()
+    code, err = ended(client)
+    assert code == 0, err
+    assert token(0) is None
 
 
 # ---------------------------------------------------------------- refused

@@ -29,6 +29,7 @@ from test_audit import Procs, fake_nodes, open_to_others, user_holder, user_pyth
 from hold.devices import holders
 from hold.devices.classes import DeviceClass
 from hold_supervisor.proc import scan as procscan
+from hold_supervisor.proc.identity import Stat
 
 
 @pytest.fixture
@@ -235,7 +236,13 @@ def _group(pgid: int) -> list[int]:
 
 def test_stats_reads_only_what_is_asked() -> None:
     stats = procscan.Stats()
-    assert procscan.ancestors(os.getpid(), stats) == procscan.ancestors(os.getpid())
+
+    # The same processes (pid and start time); their state may change between
+    # the two reads (pytest-xdist's controller runs while this worker reads).
+    def chain(ancestors: list[Stat]) -> list[tuple[int, int]]:
+        return [(a.pid, a.starttime) for a in ancestors]
+
+    assert chain(procscan.ancestors(os.getpid(), stats)) == chain(procscan.ancestors(os.getpid()))
     assert set(stats) == {os.getpid()} | {a.pid for a in procscan.ancestors(os.getpid())}
     child = subprocess.Popen(["true"])
     child.wait()

@@ -107,13 +107,33 @@ def without_tree(
     found: dict[int, list[dict[str, Any]]], t: TreeRec | None, uid: int
 ) -> dict[int, list[dict[str, Any]]]:
     """A grant's scan (device -> holders) less the adopted tree ``t``'s members: the job
-    being adopted holds its device already, and that is no reason to wait."""
+    being adopted holds its device already, and that is no reason to wait.
+
+    The tree is looked at after the scan, so a holder the look does not show
+    is either no member or a member that has ended since (a job whose children
+    each hold the device for a moment: under load, nearly every scan saw one
+    that the look no longer did, and the grant waited past 20 s). Only one
+    still running, as the process the scan saw, is kept.
+    """
     if t is None or t.root_pid is None or not found:
         return found
     limit = None if uid in (0, os.geteuid()) else uid
     members = set(adopted_tree(t, limit).look()[1])
-    out = {i: [h for h in hs if h.get("pid") not in members] for i, hs in found.items()}
+    out = {
+        i: [h for h in hs if h.get("pid") not in members and _still_running(h)]
+        for i, hs in found.items()
+    }
     return {i: hs for i, hs in out.items() if hs}
+
+
+def _still_running(holder: dict[str, Any]) -> bool:
+    """Is the holder the scan described still there (same pid and start time)? One
+    named without a process (a GPU context NVML reports, say) is kept."""
+    pid, start = holder.get("pid"), holder.get("starttime")
+    if not isinstance(pid, int) or start is None:
+        return True
+    st = scan.stat_of(pid)
+    return st is not None and not st.is_dead and st.starttime == start
 
 
 def descends_from(pid: int, root: ProcessId) -> bool:
