@@ -37,6 +37,7 @@ from hold_supervisor.proc.cgroup import CgroupUnavailable
 
 BIN = Path(sys.executable).parent
 PY = sys.executable
+CPU = min(os.sched_getaffinity(0))  # one this process may use, whatever its mask
 BURNER = str(PROGS / "burner.py")
 MB = 50
 HELD = MB << 20  # what the burner writes to: resident, and charged to its cgroup
@@ -355,7 +356,7 @@ def test_ps_shows_what_each_unit_uses(tmp_path: Path, cgroup_mode: str) -> None:
         "  tool:\n"
         "    kind: task\n"
         f"    cmd: [{json.dumps(PY)}, -c, 'print(1)']\n"
-        '    cpus: "0"\n'
+        f'    cpus: "{CPU}"\n'
     )
     up = subprocess.run(
         [*HOLD, "up", "--detach", str(stack)],
