@@ -5,6 +5,15 @@ Small and text-based on purpose: a person can talk to the daemon with
 taken from a message: the daemon reads it from the socket (``SO_PEERCRED``,
 ``SO_PEERPIDFD``).
 
+Versioned: every request carries ``"v"``, the :data:`WIRE` its client
+speaks, and a daemon refuses a request of another version (with the
+versions named, exit 125) rather than read it as its own; a client learns
+the daemon's version from that refusal or from the session's ``arbiter``,
+and replaces an idle daemon of its own that speaks another (as it does one
+that reads another configuration). ``retire`` is the one request every
+version must read as it is: it is how a client of another version makes an
+idle daemon leave.
+
 Decoded strictly (:mod:`hold_supervisor.jsonlines`): a message is at most
 :data:`MAX_MESSAGE` bytes and :data:`MAX_DEPTH` deep, UTF-8 with no lone
 surrogate, no duplicate key and no ``NaN``; anything else is a
@@ -24,6 +33,20 @@ MAX_MESSAGE = jsonlines.MAX_LINE
 MAX_DEPTH = jsonlines.MAX_DEPTH
 
 Message = dict[str, Any]
+
+WIRE = 1
+"""The version of this wire. Raise it when a message changes in a way the
+other side would misread (a field renamed, a meaning changed); a new
+optional field does not need it."""
+UNVERSIONED = 1
+"""What a request without ``"v"`` is read as: the wire before versions were
+written (version 1), and a person typing at ``socat``."""
+
+
+def wire_of(msg: Message) -> object:
+    """The wire version a request says it speaks (anything it carries: the
+    daemon names what it got when it refuses it)."""
+    return msg.get("v", UNVERSIONED)
 
 
 class Op(StrEnum):

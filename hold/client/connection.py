@@ -27,8 +27,8 @@ from hold.client.reach import ConfigMismatch as ConfigMismatch
 from hold.client.reach import DaemonSilent as DaemonSilent
 from hold.client.reach import DaemonUnreachable as DaemonUnreachable
 from hold.client.reach import UnsafeStateFile as UnsafeStateFile
-from hold.client.reach import try_connect
-from hold.protocol import Ev, LineBuffer, Message, Op, ProtocolError, encode
+from hold.client.reach import daemon_pid, try_connect
+from hold.protocol import UNVERSIONED, WIRE, Ev, LineBuffer, Message, Op, ProtocolError, encode
 from hold.statedir import StateDir
 from hold.unixsock import (
     MSG_DONTWAIT,
@@ -49,6 +49,15 @@ class DaemonRefused(DaemonUnreachable):
     def __init__(self, msg: str, code: int) -> None:
         super().__init__(msg)
         self.exit_code = code
+
+
+class WireMismatch(DaemonRefused):
+    """The daemon speaks another version of the wire (another release of
+    hold): ``theirs``. Nothing was asked of it but the session."""
+
+    def __init__(self, msg: str, theirs: object) -> None:
+        super().__init__(msg, TOOL)
+        self.theirs = theirs
 
 
 class Client:
@@ -115,6 +124,9 @@ class Client:
         client = cls(sd, sock)
         try:
             client.open_session()
+        except WireMismatch:
+            client.close()
+            return None  # Client.with_session replaces it, where it may
         except (DaemonSilent, DaemonRefused):
             client.close()
             raise
@@ -138,6 +150,16 @@ class Client:
         client = cls.connect(sd, timeout=timeout)
         try:
             client.open_session()
+        except WireMismatch as e:
+            theirs = e.theirs
+            return cls._replaced(
+                client,
+                timeout,
+                f"speaks wire version {theirs!r} of hold (this client speaks {WIRE})",
+                "Wait for its leases to end (it is then replaced), or use the release "
+                "of hold that started it",
+                lambda msg: WireMismatch(msg, theirs),
+            )
         except DaemonSilent:
             client.close()
             raise
@@ -149,28 +171,44 @@ class Client:
         theirs = arbiter.get("config_digest")
         if theirs is None or theirs == config:
             return client
-        ans = client.request({"op": Op.RETIRE})
-        if ans.get("ev") != Ev.RETIRING:
-            client.close()
-            # lazy: rare; hold.config is no part of a stack supervisor's memory
-            from hold.config import config_path
+        # lazy: rare; hold.config is no part of a stack supervisor's memory
+        from hold.config import config_path
 
-            theirs_path, ours_path = arbiter.get("config"), config_path()
-            if theirs_path is not None and theirs_path == ours_path:
-                what = f"read {theirs_path} before the file changed"
-                hint = "run `hold daemon --reload` to make it read the file again"
-            else:
-                what = (
-                    f"reads another configuration ({theirs_path or 'the defaults'}; this "
-                    f"command reads {ours_path or 'the defaults'})"
-                )
-                hint = "`hold daemon --reload` makes it read its file again"
-            raise ConfigMismatch(
-                f"the ticket daemon for {sd.path} (pid {arbiter.get('pid')}) {what}, and "
-                f"cannot be replaced now: {ans.get('error')}. Wait for its leases to end, "
-                f"or {hint}"
+        theirs_path, ours_path = arbiter.get("config"), config_path()
+        if theirs_path is not None and theirs_path == ours_path:
+            what = f"read {theirs_path} before the file changed"
+            hint = "run `hold daemon --reload` to make it read the file again"
+        else:
+            what = (
+                f"reads another configuration ({theirs_path or 'the defaults'}; this "
+                f"command reads {ours_path or 'the defaults'})"
             )
+            hint = "`hold daemon --reload` makes it read its file again"
+        advice = f"Wait for its leases to end, or {hint}"
+        return cls._replaced(client, timeout, what, advice, ConfigMismatch)
+
+    @classmethod
+    def _replaced(
+        cls,
+        client: Client,
+        timeout: float,
+        what: str,
+        advice: str,
+        error: Callable[[str], Exception],
+    ) -> Client:
+        """A session with a daemon started in place of ``client``'s, which
+        ``what`` (reads another configuration, speaks another wire): asked to
+        retire (an idle daemon of ours does), then waited out. Where it stays,
+        ``error`` of a message naming the daemon, why it stays and ``advice``."""
+        sd = client.sd
+        pid = daemon_pid(sd, client.sock)
+        ans = client.request({"op": Op.RETIRE})
         client.close()
+        if ans.get("ev") != Ev.RETIRING:
+            raise error(
+                f"the ticket daemon for {sd.path} (pid {pid}) {what}, and cannot be "
+                f"replaced now: {ans.get('error')}. {advice}"
+            )
         _wait_gone(int(ans["pid"]), timeout)
         return cls.with_session(sd, timeout=timeout)
 
@@ -180,7 +218,7 @@ class Client:
     def send(self, *msgs: Message) -> None:
         """Send, bounded by the socket's send timeout (:class:`DaemonSilent` past it)."""
         try:
-            self.sock.sendall(b"".join(encode(m) for m in msgs))
+            self.sock.sendall(b"".join(encode({**m, "v": WIRE}) for m in msgs))
         except BlockingIOError:  # SO_SNDTIMEO: the daemon reads nothing
             raise DaemonSilent.of(self.sd, self.sock, ANSWER_TIMEOUT, "read") from None
 
@@ -335,7 +373,21 @@ class Client:
         return ans
 
     def open_session(self) -> str:
-        ans = self.ask({"op": Op.OPEN}, Ev.SESSION)
+        """A session opened; :class:`WireMismatch` with a daemon of another
+        wire (it refused us, or, older than versions, said its own)."""
+        ans = self.request({"op": Op.OPEN})
+        if ans.get("ev") == Ev.ERROR and "wire" in ans:
+            raise WireMismatch(str(ans.get("error")), ans["wire"])
+        if ans.get("ev") == Ev.ERROR:
+            raise DaemonRefused(str(ans.get("error")), _code(ans))
+        if ans.get("ev") != Ev.SESSION:
+            raise ProtocolError(f"unexpected answer to open: {ans.get('ev')!r}")
+        theirs = (ans.get("arbiter") or {}).get("wire", UNVERSIONED)
+        if theirs != WIRE:
+            raise WireMismatch(
+                f"the ticket daemon speaks wire version {theirs!r}; this client speaks {WIRE}",
+                theirs,
+            )
         self.session = str(ans["session"])
         self.info = ans
         return self.session
@@ -368,7 +420,7 @@ class Client:
         def attach() -> Message:
             # Our lease's locks go back with the request: a restarted daemon
             # holds them again with us (checked there, not believed).
-            msg = encode({"op": Op.ATTACH, "session": session})
+            msg = encode({"op": Op.ATTACH, "session": session, "v": WIRE})
             if self.lock_fds:
                 send_fds(self.sock, msg, self.lock_fds)
             else:

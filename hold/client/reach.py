@@ -42,7 +42,7 @@ class DaemonSilent(DaemonUnreachable, TimeoutError):
     ) -> DaemonSilent:
         """The message: which daemon, where, did not do what, in how long (and
         why, where its process state says: stopped, or waiting on a disk)."""
-        pid = _daemon_pid(sd, sock)
+        pid = daemon_pid(sd, sock)
         return cls(
             f"the ticket daemon (pid {pid}, {sd.path}) did not {what} within {timeout:g} s"
             f"{_state_hint(pid)}"
@@ -98,7 +98,7 @@ def try_connect(
     return sock
 
 
-def _daemon_pid(sd: StateDir, sock: Socket | None) -> str:
+def daemon_pid(sd: StateDir, sock: Socket | None) -> str:
     """Who serves ``sd``, for a message: the peer of our connection (the kernel
     says), else the pid in the daemon's lock file; ``?`` if neither says."""
     pid = peer_pid(sock) if sock is not None else None

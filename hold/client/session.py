@@ -22,7 +22,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hold.client.connection import Client, ConfigMismatch, DaemonSilent, DaemonUnreachable
+from hold.client.connection import (
+    Client,
+    ConfigMismatch,
+    DaemonSilent,
+    DaemonUnreachable,
+    WireMismatch,
+)
 from hold.client.lease import Granted, acquire_lease, daemon_event
 from hold.errors import HoldError
 from hold.protocol import Op, ProtocolError
@@ -89,6 +95,9 @@ class LeaseSession:
         except ConfigMismatch as e:
             say(str(e))
             return USAGE
+        except WireMismatch as e:  # another release's daemon, busy: its leases stand
+            say(str(e))
+            return TOOL
         except DaemonSilent as e:
             if needs_lease:
                 say(f"{e}; nothing was granted")

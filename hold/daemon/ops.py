@@ -26,6 +26,7 @@ from hold.devices.classes import classes_from_config
 from hold.documents import LeaseState
 from hold.leases import judge
 from hold.protocol import (
+    WIRE,
     Ev,
     Message,
     Op,
@@ -34,6 +35,7 @@ from hold.protocol import (
     ints_field,
     number_field,
     text_field,
+    wire_of,
 )
 from hold_supervisor.exitcodes import BUSY, TOOL
 from hold_supervisor.parse import BadValue
@@ -76,6 +78,21 @@ class Ops:
         op = msg.get("op")
         if not isinstance(op, str) or op not in self.handlers:  # a member equals its string
             refuse(conn, f"unknown op {op!r}")
+            return
+        spoken = wire_of(msg)
+        if (spoken != WIRE or isinstance(spoken, bool)) and op != Op.RETIRE:
+            # Read as ours, a request of another version could mean something
+            # else: refused, with both versions, so its client can replace us.
+            conn.send(
+                {
+                    "ev": Ev.ERROR,
+                    "code": TOOL,
+                    "wire": WIRE,
+                    "error": f"this ticket daemon (pid {os.getpid()}) speaks wire version "
+                    f'{WIRE}, and the request came in version {spoken!r} (its "v"): '
+                    "the client and the daemon are of different releases of hold",
+                }
+            )
             return
         self.handlers[Op(op)](conn, msg)
 

@@ -24,7 +24,7 @@ from hold.daemon.workers import Workers
 from hold.devices.classes import DeviceClass
 from hold.devices.scancache import ScanCache
 from hold.errors import describe
-from hold.protocol import Ev
+from hold.protocol import WIRE, Ev
 from hold.statedir import StateDir
 from hold_supervisor.exitcodes import USAGE
 from hold_supervisor.parse import BadValue
@@ -151,6 +151,7 @@ class DaemonState:
             "config_digest": self.config_digest,
             "cgroups": self.cgroups,
             "autostarted": self.idle_exit is not None,
+            "wire": WIRE,
         }
 
 
