@@ -34,6 +34,9 @@ from hold_supervisor.proc.cgroup import Hierarchy, Leaf
 ROOT = Path(__file__).resolve().parent.parent
 PROGS = Path(__file__).resolve().parent / "progs"
 HOLD = [sys.executable, "-m", "hold"]
+# A CPU this process may use, whatever its mask (taskset, a cpuset): what a
+# stack file under test pins to, never CPU 0 by habit.
+CPU = min(os.sched_getaffinity(0))
 T = TypeVar("T")
 
 

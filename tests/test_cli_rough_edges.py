@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import HOLD, wait_for
+from conftest import CPU, HOLD, wait_for
 
 PY = sys.executable
-CPU = min(os.sched_getaffinity(0))  # one this process may use, whatever its mask
 STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 LINE = re.compile(rf"({STAMP.pattern}) (out|err|---) \| (.*)")
 SPEAKS = (

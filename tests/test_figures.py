@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import (
+    CPU,
     HOLD,
     PROGS,
     as_user,
@@ -37,7 +38,6 @@ from hold_supervisor.proc.cgroup import CgroupUnavailable
 
 BIN = Path(sys.executable).parent
 PY = sys.executable
-CPU = min(os.sched_getaffinity(0))  # one this process may use, whatever its mask
 BURNER = str(PROGS / "burner.py")
 MB = 50
 HELD = MB << 20  # what the burner writes to: resident, and charged to its cgroup

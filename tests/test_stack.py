@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, PROGS, ROOT, alive, wait_for
+from conftest import CPU, HOLD, PROGS, ROOT, alive, wait_for
 
 from hold_supervisor.proc import scan
 
@@ -545,7 +545,7 @@ def test_no_such_stack_is_exit_1_for_every_command_with_did_you_mean(tmp_path: P
   tool:
     kind: task
     cmd: [{PY}, -c, "print(1)"]
-    cpus: "0"
+    cpus: "{CPU}"
     timeout: 10s
 """,
         name="uxstack",
@@ -585,7 +585,7 @@ def test_validate_shows_what_hold_up_would_do(tmp_path: Path) -> None:
   tool:
     kind: task
     cmd: [{PY}, -c, "print(1)"]
-    cpus: "0"
+    cpus: "{CPU}"
     timeout: 10s
   api:
     cmd: [{PY}, -c, "pass"]
@@ -616,7 +616,7 @@ def test_validate_shows_what_hold_up_would_do(tmp_path: Path) -> None:
     assert "after migrate (completed), model (ready); ready: at start" in lines[4]
     assert "liveness: tcp {port} every 2s, restart after 3 failures" in lines[4]
     assert lines[5].startswith("task units (never started by hold up")
-    assert lines[6].split() == ["tool", "cpus", "0,", "timeout", "10s,", "concurrency", "1"]
+    assert lines[6].split() == ["tool", "cpus", f"{CPU},", "timeout", "10s,", "concurrency", "1"]
 
     res = hold("validate", "--json", str(path))
     assert res.returncode == 0, res.stderr
@@ -658,7 +658,7 @@ def test_ps_shows_kinds_states_essential_and_liveness(tmp_path: Path) -> None:
   tool:
     kind: task
     cmd: [{PY}, -c, "print(1)"]
-    cpus: "0"
+    cpus: "{CPU}"
     timeout: 10s
 """,
     )

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import HOLD, wait_for
+from conftest import CPU, HOLD, wait_for
 
 from hold_supervisor.unitlog import stamp
 
@@ -87,7 +87,7 @@ TASK = f"""
   tool:
     kind: task
     cmd: [{PY}, -c, "print('hi')"]
-    cpus: "0"
+    cpus: "{CPU}"
     timeout: 10s
 """
 

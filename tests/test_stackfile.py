@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, ROOT
+from conftest import CPU, HOLD, ROOT
 
 from hold_supervisor.parse import allowed_cpus, format_cpus
 from hold_supervisor.stackfile.load import StackFileError, fill, load
@@ -23,7 +23,7 @@ units:
   model:
     cmd: [llama-server, --port, "{port}", -m, /models/q.gguf]
     port: auto
-    cpus: "0"
+    cpus: "{CPU}"
     env: {OMP_NUM_THREADS: "12", THREADS: 12}
     pass_env: [HF_HOME]
     ready: {http: /health, timeout: 120s}
@@ -56,12 +56,12 @@ def errors_of(text: str, tmp_path: Path) -> list[str]:
 
 def test_the_issue_example_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "stack.yaml"
-    path.write_text(GOOD)
+    path.write_text(GOOD.replace("{CPU}", str(CPU)))
     spec = load(str(path))
     assert spec.name == "qwen-tools"
     assert spec.order() == ["model", "predictor", "executor"]
     model = spec.units["model"]
-    assert model.port == "auto" and model.cpus == frozenset({0})
+    assert model.port == "auto" and model.cpus == frozenset({CPU})
     assert model.ready is not None and model.ready.timeout == 120.0
     assert model.env == {"OMP_NUM_THREADS": "12", "THREADS": "12"}
     assert model.restart.policy == "on-failure" and model.restart.max_backoff == 30.0
@@ -86,7 +86,7 @@ units:
   model:
     cmd: [llama-server, --port, "{{prot}}", yes]
     port: automatic
-    cpus: 0-{outside}
+    cpus: {CPU},{outside}
     env: {{1BAD: x}}
     ready: {{http: /health, timeout: 5x}}
     restart: {{policy: sometimes, max: -1, backoff: 10}}
@@ -114,7 +114,7 @@ units:
         "text: quote it ('yes')",
         "6: units.model.port: 'automatic' is not valid: auto (the kernel picks a free port) or a "
         "port number 1-65535",
-        f"7: units.model.cpus: '0-{outside}' is not valid: CPU {outside} is not usable here; a "
+        f"7: units.model.cpus: '{CPU},{outside}' is not valid: CPU {outside} is not usable here; a "
         f"list of CPUs and ranges like 0-3,8, each within the CPUs this process may use "
         f"({format_cpus(allowed_cpus())})",
         "8: units.model.env.1BAD: '1BAD' is not valid: letters, digits and _",

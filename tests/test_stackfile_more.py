@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import CPU
 
 from hold_supervisor.stackfile.load import StackFileError, fill, filled_env, load
 from hold_supervisor.stackfile.placeholders import fill as fill_text
@@ -33,7 +34,7 @@ def test_oneshot_and_conditions(tmp_path: Path) -> None:
         "  migrate: {kind: oneshot, cmd: [m], after: [db], timeout: 1m}\n"
         "  api: {cmd: [api], after: {migrate: completed, db: started}}\n"
         "  seed: {kind: oneshot, cmd: [s], after: {migrate: started}, essential: false}\n"
-        "  job: {kind: task, cmd: [j], cpus: '0'}\n",
+        f"  job: {{kind: task, cmd: [j], cpus: '{CPU}'}}\n",
     )
     assert spec.services() == ["db", "migrate", "api", "seed"]
     assert spec.tasks() == ["job"]

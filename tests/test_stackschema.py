@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conftest import HOLD, ROOT
+from conftest import CPU, HOLD, ROOT
 
 from hold_supervisor import yamlsafe
 from hold_supervisor.stackfile import schema
@@ -30,7 +30,8 @@ from hold_supervisor.stackfile.load import _plain
 from hold_supervisor.stackfile.spec import UnitSpec, from_json, to_json
 from hold_supervisor.stackfile.values import YamlWord
 
-EVERY_KEY = textwrap.dedent("""\
+EVERY_KEY = (
+    textwrap.dedent("""\
     name: every-key
     hold: {device: npu, ttl: 4h, label: "the label"}
     units:
@@ -91,6 +92,9 @@ EVERY_KEY = textwrap.dedent("""\
           f: {type: float, min: -1.5}
           b: {type: bool}
 """)
+    .replace('cpus: "0"', f'cpus: "{CPU}"')
+    .replace("cpus: 0-1", f"cpus: {CPU}-{CPU}")
+)
 
 MINIMAL = "name: m\nunits:\n  a: {cmd: [x]}\n"
 

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import update_config
+from conftest import CPU, update_config
 
 from hold.cli.completion import complete_run
 
 BIN = Path(sys.executable).parent
-STACK = """\
+STACK = f"""\
 name: comptest
 units:
   api:
@@ -32,7 +32,7 @@ units:
   tool:
     kind: task
     cmd: [cat]
-    cpus: "0"
+    cpus: "{CPU}"
 """
 
 
