@@ -376,6 +376,41 @@ def _move_self(cgroup: str) -> None:
         f.write(str(os.getpid()))
 
 
+# The signals whose handling a test may change in this process (a foreground
+# run, a stack's loop, a forked scan) and must give back: a blocked or ignored
+# SIGINT left behind is inherited by every process a later test starts.
+_KEPT_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGCHLD,
+    signal.SIGPIPE,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGTSTP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+)
+
+
+@pytest.fixture(autouse=True)
+def signals_given_back() -> Iterator[None]:
+    """Fails a test that leaves this process's signal mask or a handler changed
+    (and puts them back, so that the next test does not inherit it)."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    handlers = {s: signal.getsignal(s) for s in _KEPT_SIGNALS}
+    yield
+    now_mask = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    changed = [f"blocked {sorted(now_mask ^ mask)}"] if now_mask != mask else []
+    for s, h in handlers.items():
+        if signal.getsignal(s) != h and h is not None:
+            changed.append(f"{signal.Signals(s).name}: {signal.getsignal(s)!r}, was {h!r}")
+            signal.signal(s, h)
+    if changed:
+        pytest.fail("the test left its signals changed: " + "; ".join(changed))
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind() -> Iterator[None]:
     before = {(st.pid, st.starttime) for st in _live_descendants()}

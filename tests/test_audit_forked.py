@@ -183,7 +183,7 @@ def test_forked_workers_count_what_they_may_not_read(
 
 
 INTERRUPTED = """
-import os, sys
+import os, signal, sys
 from hold.devices import holders
 from hold.devices.classes import DeviceClass
 holders.PER_FORK = 1
@@ -194,13 +194,15 @@ try:
     while True:
         holders.scan(tgts, forks=True)
 except KeyboardInterrupt:
-    print("interrupted", os.getpid(), flush=True)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    print("interrupted", os.getpid(), sorted(blocked), flush=True)
 """
 
 
 def test_a_ctrl_c_ends_the_workers_and_reaches_only_the_caller(tmp_path: Path) -> None:
     """^C at a terminal goes to the whole group, workers too: each must end (never
-    unwind into its parent's code, as a second caller), and the caller gets it."""
+    unwind into its parent's code, as a second caller), and the caller gets it,
+    with no signal left blocked (where it lands as a worker is forked)."""
     node = fake_nodes(tmp_path, 1)[0]
     proc = subprocess.Popen(
         [sys.executable, "-c", INTERRUPTED, str(node)],
@@ -220,7 +222,7 @@ def test_a_ctrl_c_ends_the_workers_and_reaches_only_the_caller(tmp_path: Path) -
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert out.splitlines() == [f"interrupted {proc.pid}"]
+    assert out.splitlines() == [f"interrupted {proc.pid} []"]
     wait_for(lambda: not _group(proc.pid), 10, 0.05, "the workers' end")
 
 

@@ -236,33 +236,25 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
         os.write(fill, b"".join(i.to_bytes(4, "little") for i in range(len(batches))))
     finally:
         os.close(fill)
-    me = os.getpid()
     kids: dict[int, int] = {}  # worker pid -> the pipe of its answer
     parts: list[_Part] = []
     done: set[int] = set()
     try:
         for _ in range(n - 1):
+            # Blocking nothing first runs a Python handler already due (a ^C)
+            # here, before anything is made (pthread_sigmask checks for them
+            # after its call: blocking all at once would raise with all still
+            # blocked). Then every signal waits until the worker is inside its
+            # own try (a ^C in between would unwind it through this function,
+            # as if it were this process; CPython's fork clears what was
+            # pending already), and until this process has written it down.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
             try:
-                r, w = os.pipe()
-            except OSError:
-                break
-            # Signals wait until the worker is inside its own try (a ^C in
-            # between would unwind it through this function, as if it were
-            # this process); CPython's fork clears what was pending already.
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-            try:
-                pid = os.fork()
-            except OSError:  # at the process limit (EAGAIN), or out of memory
-                os.close(r)
-                os.close(w)
-                break
+                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+                if not _fork_worker(matcher, batches, queue, kids, mask):
+                    break
             finally:
-                if os.getpid() == me:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            if pid == 0:
-                _worker(matcher, batches, queue, (r, w), mask)
-            os.close(w)
-            kids[pid] = r
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # here a ^C may land
         part, mine = _drain(matcher, batches, queue)
         parts.append(part)
         done.update(mine)
@@ -290,6 +282,33 @@ def _forked(matcher: _Matcher, todo: list[int]) -> list[_Part]:
 
 
 BATCHES_PER_FORK = 8  # batches in the queue per process: small enough to even out, few reads
+
+
+def _fork_worker(
+    matcher: _Matcher,
+    batches: list[list[int]],
+    queue: int,
+    kids: dict[int, int],
+    mask: Iterable[int],
+) -> bool:
+    """One worker forked and written down in ``kids`` (its pid -> the pipe of its
+    answer); False if none could be (the process limit, out of memory or of
+    descriptors). Called with every signal blocked."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return False
+    try:
+        pid = os.fork()
+    except OSError:  # at the process limit (EAGAIN), or out of memory
+        os.close(r)
+        os.close(w)
+        return False
+    if pid == 0:
+        _worker(matcher, batches, queue, (r, w), mask)
+    os.close(w)
+    kids[pid] = r
+    return True
 
 
 def _drain(matcher: _Matcher, batches: list[list[int]], queue: int) -> tuple[_Part, list[int]]:
