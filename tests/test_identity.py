@@ -301,9 +301,12 @@ def test_stat_of_is_read_stat_or_none(sleeper: subprocess.Popen[bytes]) -> None:
 
 
 def test_ancestors_live_and_from_a_snapshot_agree() -> None:
-    live = procscan.ancestors(os.getpid())
-    assert live and live[0].pid == os.getppid()
-    assert procscan.ancestors(os.getpid(), procscan.snapshot()) == live
+    """The same processes (pid and start time): their state may change between
+    the two reads (a parent that runs, then sleeps)."""
+    live = [(st.pid, st.starttime) for st in procscan.ancestors(os.getpid())]
+    assert live and live[0][0] == os.getppid()
+    snap = procscan.ancestors(os.getpid(), procscan.snapshot())
+    assert [(st.pid, st.starttime) for st in snap] == live
     assert procscan.ancestors(os.getpid(), {}) == []
 
 
