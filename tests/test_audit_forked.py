@@ -217,13 +217,37 @@ def test_a_ctrl_c_ends_the_workers_and_reaches_only_the_caller(tmp_path: Path) -
             os.killpg(proc.pid, signal.SIGINT)
             if proc.poll() is not None:
                 break
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the scan did not end on ^C: {_where(proc.pid)}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert out.splitlines() == [f"interrupted {proc.pid} []"]
     wait_for(lambda: not _group(proc.pid), 10, 0.05, "the workers' end")
+
+
+def _where(pgid: int) -> str:
+    """Where each process of the group ``pgid`` is (state, kernel wait, signals
+    blocked and ignored, kernel stack where root may read it): for a failure."""
+    out = []
+    for pid in _group(pgid):
+        try:
+            status = dict(
+                line.split(":\t", 1)
+                for line in procscan.read_raw(pid, "status").decode().splitlines()
+                if ":\t" in line
+            )
+            wchan = procscan.read_raw(pid, "wchan").decode()
+            stack = procscan.read_raw(pid, "stack").decode().replace("\n", " | ")
+        except OSError as e:
+            out.append(f"{pid}: {e}")
+            continue
+        sig = {k: status.get(k, "?").strip() for k in ("State", "SigBlk", "SigIgn", "SigPnd")}
+        out.append(f"{pid}: {sig} wchan={wchan} stack={stack}")
+    return "; ".join(out) or "no process of its group left"
 
 
 def _group(pgid: int) -> list[int]:
