@@ -51,7 +51,9 @@ def test_each_tree_is_stopped_with_its_own_grace() -> None:
     sock.connect(str(state / "daemon.sock"))
     f = sock.makefile("rb")
     assert talk(sock, f, {"op": "open"})["ev"] == "session"
-    quick, slow = "a1" * 8, "b2" * 8
+    # Trees of their own: a fixed id is every copy's marker, and another run of
+    # this test on the machine would stop ours with its own.
+    quick, slow = os.urandom(8).hex(), os.urandom(8).hex()
     assert talk(sock, f, {"op": "tree", "tree_id": quick, "grace": 0.2})["ev"] == "ok"
     assert talk(sock, f, {"op": "tree", "tree_id": slow, "grace": 4})["ev"] == "ok"
     procs = {
@@ -91,7 +93,7 @@ def test_a_root_claim_that_is_not_the_clients_descendant_is_refused_and_logged()
         sock.connect(str(state / "daemon.sock"))
         f = sock.makefile("rb")
         assert talk(sock, f, {"op": "open"})["ev"] == "session"
-        tid = "c3" * 8
+        tid = os.urandom(8).hex()
         assert talk(sock, f, {"op": "tree", "tree_id": tid, "grace": 1})["ev"] == "ok"
         # Not answered (a root report is fire-and-forget); then a status proves it was read.
         sock.sendall(json.dumps({"op": "root", "tree_id": tid, "pid": victim}).encode() + b"\n")
@@ -128,8 +130,8 @@ def test_an_end_stops_a_tree_still_in_its_leaf_and_does_not_walk_one_whose_leaf_
     live_id, done_id = os.urandom(6).hex(), os.urandom(6).hex()
     live, done = hier.create(f"hold-{live_id}"), hier.create(f"hold-{done_id}")
     env = minimal_env(os.environ, tree_id=live_id)
-    child = spawn([sys.executable, "-c", "import time; time.sleep(60)"], env=env, cgroup=live)
     sock = socket.socket(socket.AF_UNIX)
+    child = None
     try:
         sock.connect(str(state / "daemon.sock"))
         f = sock.makefile("rb")
@@ -137,12 +139,17 @@ def test_an_end_stops_a_tree_still_in_its_leaf_and_does_not_walk_one_whose_leaf_
         for tid, leaf in ((live_id, live), (done_id, done)):
             ans = talk(sock, f, {"op": "tree", "tree_id": tid, "leaf": leaf.path, "grace": 1})
             assert ans["ev"] == "ok", ans
+        # Spawned once its tree is registered, as a holder does: from a
+        # threaded process (xdist's) it reaches its leaf through a stub a
+        # moment after spawn returns, and until then only its marker says it
+        # is a member -- the marker of a process born after the registration.
+        child = spawn([sys.executable, "-c", "import time; time.sleep(60)"], env=env, cgroup=live)
         done.remove(hier.base)  # what a holder does once its tree is stopped
         assert talk(sock, f, {"op": "end"})["ev"] == "ended"
         assert child.collect(10) is not None, "the tree still in its leaf was not stopped"
     finally:
         sock.close()
-        if child.poll() is None:
+        if child is not None and child.poll() is None:
             child.send_signal(signal.SIGKILL)
             child.wait()
         live.kill()

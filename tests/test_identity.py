@@ -31,9 +31,13 @@ from hold_supervisor.proc.identity import (
 
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A live process of ours that each test can aim at (and must leave unharmed)."""
+    """A live process of ours that each test can aim at (and must leave unharmed),
+    its exec done: Popen returns as the exec begins (close-on-exec), and until
+    it ends /proc shows neither its command line nor its environment."""
     p = subprocess.Popen(["sleep", "60"])
     try:
+        wait_for(lambda: read_stat(p.pid).comm == "sleep", 10, what="sleep's exec done")
+        wait_for(lambda: not read_stat(p.pid).in_exec, 10, what="sleep's exec done")
         yield p
     finally:
         p.kill()
