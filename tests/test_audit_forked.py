@@ -184,6 +184,9 @@ def test_forked_workers_count_what_they_may_not_read(
 
 INTERRUPTED = """
 import os, signal, sys
+# As at a terminal: a suite started in the background (nohup, `&` in a script)
+# has SIGINT ignored, inherited, and Python then installs no ^C of its own.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from hold.devices import holders
 from hold.devices.classes import DeviceClass
 holders.PER_FORK = 1
