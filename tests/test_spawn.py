@@ -24,7 +24,7 @@ from conftest import fresh_leaf
 
 from hold_supervisor.environ import FALLBACK_PATH, MARKER, minimal_env
 from hold_supervisor.parse import format_cpus
-from hold_supervisor.proc.cgroup import Leaf, own_cgroup, v2_mount
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf, own_cgroup, v2_mount
 from hold_supervisor.spawn.child import Child, SpawnError, owned_pids, spawn
 
 CPUS = frozenset(os.sched_getaffinity(0))
@@ -475,6 +475,32 @@ def test_cgroup_from_the_first_instruction(leaf: Leaf | None) -> None:
         assert v2[0] == f"0::/{rel}", (v2, leaf.path)
         # The child is gone, and the leaf is empty again.
         assert leaf.wait_empty(5.0)
+
+
+def test_through_the_stub_spawn_returns_with_the_child_in_its_leaf() -> None:
+    """From a threaded process the child is not cloned into its leaf: a shell
+    stub writes itself there after posix_spawn has returned. spawn returns
+    only once it has -- a stop that reads the leaf at once finds it (before,
+    under load, the leaf read empty and the child ran on outside it)."""
+    try:
+        Hierarchy.find()
+    except CgroupUnavailable as e:
+        pytest.skip(f"no cgroup leaf here: {e}")
+    other = threading.Event()
+    thread = threading.Thread(target=other.wait)  # a second thread: no clone into the leaf
+    thread.start()
+    try:
+        with fresh_leaf() as leaf:
+            for _ in range(20):
+                child = spawn(["sleep", "60"], env=_env(), cgroup=leaf)
+                try:
+                    assert child.pid in leaf.pids()
+                finally:
+                    child.send_signal(signal.SIGKILL)
+                    child.wait()
+    finally:
+        other.set()
+        thread.join()
 
 
 def test_cgroup_holds_what_the_child_starts(leaf: Leaf | None) -> None:

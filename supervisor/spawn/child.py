@@ -17,8 +17,9 @@ What the child gets, and how:
   ``clone3(CLONE_INTO_CGROUP)`` where this process is single-threaded and the
   kernel allows it (:mod:`hold_supervisor.spawn.intoleaf`: no RCU grace period, no
   shell); elsewhere a two-word ``/bin/sh`` stub writes its own pid into the
-  leaf's ``cgroup.procs`` and then ``exec``\\ s the program. Either way the
-  program's first instruction already runs inside the leaf. (A
+  leaf's ``cgroup.procs`` and then ``exec``\\ s the program, and spawn
+  returns once it has. Either way the program's first instruction already
+  runs inside the leaf, and the caller never sees the child outside it. (A
   ``preexec_fn`` is unsafe in a threaded parent.)
 
 ``posix_spawn`` (glibc: ``clone(CLONE_VM|CLONE_VFORK)``) rather than
@@ -33,6 +34,7 @@ import os
 import select
 import signal
 import stat
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from hold_supervisor.errors import SupervisorError
@@ -244,6 +246,7 @@ def spawn(
                 pid = clone_into(
                     cgroup.path, program, argv, env, actions, new_session=new_session, cwd=cwd
                 )
+            stub = pid is None and cgroup is not None
             if pid is None:
                 pid = _posix_spawn(program, argv, env, actions, new_session, cgroup, cwd)
         except ChdirFailed as e:
@@ -259,9 +262,45 @@ def spawn(
     # identity read here is the child's own.
     ident = ProcessId(pid, read_stat(pid).starttime)
     child = Child(ident, Handle.open(ident), tuple(argv), cpus, new_session)
+    if stub:
+        assert cgroup is not None
+        _await_leaf(child, cgroup)
     if cpus is not None:
         _verify_mask(child, cpus)
     return child
+
+
+# How long the stub has to write itself into the leaf (a shell's start, then
+# one write): milliseconds; a stub stuck past this is killed.
+_STUB_WAIT = 10.0
+
+
+def _await_leaf(child: Child, leaf: Leaf) -> None:
+    """Return once the stub has written ``child`` into ``leaf``, or has exited
+    (its status says why: 125); else kill it and raise :class:`SpawnError`.
+
+    ``posix_spawn`` returns once the stub's shell is exec'd, before the shell
+    has run a line: until it has, the child is outside its leaf, and a stop
+    of a tree that is its leaf (``hold run``'s, or the daemon's handoff of an
+    emptied leaf) would find nobody and leave it to run on. Not reaped here:
+    the caller collects its status."""
+    deadline = time.monotonic() + _STUB_WAIT
+    delay = 0.0002
+    exited = select.poll()
+    exited.register(child.handle.fd, select.POLLIN)  # a pidfd reads once the process exits
+    while child.pid not in leaf.pids():
+        if exited.poll(0):
+            return
+        if time.monotonic() >= deadline:
+            child.send_signal(signal.SIGKILL)
+            child.collect(_STUB_WAIT)
+            raise SpawnError(
+                f"{child.argv[0]}: its start did not reach the cgroup leaf {leaf.path} "
+                f"within {_STUB_WAIT:g} s (killed)",
+                TOOL,
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
 
 
 def _posix_spawn(
