@@ -291,6 +291,9 @@ def update_config(base: Path, *, devices: dict[str, Any] | None = None, **top: A
 # needed), and there is nothing to check.
 
 
+_BASETEMP: list[Path] = []  # this run's pytest base directory, once known
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from hold_supervisor.proc.reaper import become_subreaper
 
@@ -561,7 +564,8 @@ def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -
     directory and the session's are still opened here, as they always were, for
     tests that hand their ``tmp_path`` to the user without opening its parents.)
     """
-    _open_to_all(tmp_path_factory.getbasetemp())
+    _BASETEMP[:] = [tmp_path_factory.getbasetemp()]
+    _open_to_all(_BASETEMP[0])
     base = Path(tempfile.mkdtemp(prefix="hold-runtime-"))
     try:
         yield _fill_runtime(base)
@@ -629,7 +633,15 @@ def unpriv_python() -> str:
 
 
 def as_user(user: str, argv: list[str], runtime: Path, env: dict[str, str]) -> list[str]:
-    """The command line that runs ``argv`` as ``user`` with the copied runtime on sys.path."""
+    """The command line that runs ``argv`` as ``user`` with the copied runtime on sys.path.
+
+    This run's base directory is opened to the user again first: any pytest
+    that starts on the machine meanwhile (another run, a test's child pytest)
+    makes ``/tmp/pytest-of-root`` 0700 again, and a test's files under it
+    would be out of the user's reach (seen under -n 2, with pytest's own base).
+    """
+    if _BASETEMP:
+        _open_to_all(_BASETEMP[0])
     pw = pwd.getpwnam(user)
     full = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",

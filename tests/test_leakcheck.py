@@ -14,6 +14,16 @@ from conftest import alive, wait_for
 HERE = Path(__file__).resolve().parent
 
 
+def child_pytest(tests: Path) -> list[str]:
+    """A child pytest of the tests in ``tests``, with a base directory of its own
+    beside them: with pytest's default it would make ``/tmp/pytest-of-root``
+    0700 again, and the other xdist worker's tests that hand a file under it
+    to an unprivileged user would lose their way to it."""
+    base = tests.parent / f"{tests.name}-child"
+    options = ["-q", "-p", "no:cacheprovider", f"--basetemp={base}"]
+    return [sys.executable, "-m", "pytest", *options, str(tests)]
+
+
 def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
     # A child pytest, with this conftest, runs a test that leaves a sleeper
     # behind that has left its session and been orphaned.
@@ -25,7 +35,7 @@ def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
         % (tmp_path / "pid")
     )
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        child_pytest(tmp_path),
         capture_output=True,
         text=True,
         timeout=60,
@@ -63,7 +73,7 @@ def test_leak_check_catches_a_cgroup_leaf(tmp_path: Path) -> None:
         f"    Path({str(tmp_path / 'leaf')!r}).write_text(leaf.path)\n"
     )
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        child_pytest(tmp_path),
         capture_output=True,
         text=True,
         timeout=60,
@@ -102,7 +112,7 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
         "    Hierarchy.find().create('hold-mine0002')\n"
     )
     child = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        child_pytest(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -73,6 +73,13 @@ def within(path: str, top: str) -> bool:
     return path == top or path.startswith(top + "/")
 
 
+def removed(e: OSError) -> bool:
+    """Is ``e`` a cgroup file's way of saying its cgroup is gone: removed
+    (ENOENT), or being removed -- ENODEV, from a file opened just before the
+    rmdir deactivated it (3 runs in 30 of an adopted job's release, under load)?"""
+    return e.errno in (errno.ENOENT, errno.ENODEV)
+
+
 class Leaf:
     """A cgroup v2 directory that holds exactly one tree."""
 
@@ -99,8 +106,10 @@ class Leaf:
         try:
             with open(self.procs_file, "rb") as f:
                 out = [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            return []
+        except OSError as e:
+            if removed(e):
+                return []
+            raise
         try:
             subs = [e.path for e in os.scandir(self.path) if e.is_dir(follow_symlinks=False)]
         except OSError:
@@ -114,8 +123,10 @@ class Leaf:
         try:
             with open(f"{self.path}/cgroup.events", "rb") as f:
                 return _populated(f.read())
-        except FileNotFoundError:
-            return False
+        except OSError as e:
+            if removed(e):
+                return False
+            raise
 
     def wait_empty(self, timeout: float) -> bool:
         """Block until the leaf is empty or ``timeout`` passes; True if empty.
@@ -126,8 +137,10 @@ class Leaf:
         deadline = time.monotonic() + timeout
         try:
             fd = os.open(f"{self.path}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return True
+        except OSError as e:
+            if removed(e):
+                return True
+            raise
         try:
             poller = select.poll()
             poller.register(fd, select.POLLPRI | select.POLLERR)
@@ -165,8 +178,9 @@ class Leaf:
         try:
             with open(f"{self.path}/cgroup.kill", "w") as f:
                 f.write("1")
-        except FileNotFoundError:
-            pass
+        except OSError as e:
+            if not removed(e):
+                raise
 
     def remove(self, root: str) -> None:
         """Remove the (empty) leaf; ``root`` is the directory it must lie under."""

@@ -82,7 +82,11 @@ class NotifySocket:
             out.append((pid, _fields(data)))
 
     def close(self) -> None:
+        """Closed, and its file removed; an abstract name (``\\0...``: a run
+        directory too long for a socket's path) has none, and goes with it."""
         self.sock.close()
+        if self.path.startswith("\0"):
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
