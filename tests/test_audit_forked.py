@@ -132,10 +132,16 @@ def test_forked_scans_from_several_threads_at_once(
     by_map = procs.holder("mmap", nodes[1])["holder"]
     tgts = targets_of(nodes)
     got: list[set[tuple[int, int | None, str]]] = []
+    # The holders among a few hundred of the machine's processes, not all of
+    # them: what is tested is the threads, not the machine's size. Fifteen
+    # scans of a machine other runs fill with thousands of processes cost that
+    # many times more (with six suites at once on 16 cores every copy failed
+    # this test, its message lost with the cut-off logs; alone it passed).
+    some = sorted({by_fd, by_map, *procscan.pids()[:300]})
 
     def scans() -> None:
         for _ in range(5):
-            got.append(found(holders.scan(tgts, forks=True)))
+            got.append(found(holders.scan(tgts, some, forks=True)))
 
     threads = [threading.Thread(target=scans) for _ in range(3)]
     for t in threads:
