@@ -156,8 +156,9 @@ class Client:
                 client,
                 timeout,
                 f"speaks wire version {theirs!r} of hold (this client speaks {WIRE})",
-                "Wait for its leases to end (it is then replaced), or use the release "
-                "of hold that started it",
+                "Wait for its leases to end (a daemon of yours is then replaced; an "
+                "administrator restarts the system daemon: `systemctl restart "
+                "hold-daemon`), or use the release of hold that started it",
                 lambda msg: WireMismatch(msg, theirs),
             )
         except DaemonSilent:
