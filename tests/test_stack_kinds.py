@@ -151,7 +151,10 @@ def test_liveness_restarts_a_unit_that_stops_answering(tmp_path: Path) -> None:
         "  api:\n"
         "    cmd: [sh, -c, 'echo $$ >> pids; echo UP; exec sleep 60']\n"
         "    ready: {log: UP}\n"
-        "    liveness: {exec: 'test ! -e sick', period: 100ms, timeout: 1s, failures: 2}\n"
+        # A generous timeout: a check that times out under load is a failure
+        # too, and restarts the unit before "sick" (up to its max: then the
+        # stack ends, and hold ps says it is not running).
+        "    liveness: {exec: 'test ! -e sick', period: 100ms, timeout: 10s, failures: 2}\n"
         "    restart: {policy: on-failure, max: 3, backoff: 100ms}\n",
     )
     res = hold("up", "--detach", str(path))
