@@ -145,7 +145,9 @@ class Client:
         ``config``: the fingerprint of our configuration (hold.config.fingerprint).
         A daemon of ours that reads another one is replaced if it is idle;
         :class:`ConfigMismatch` if it is busy. The system daemon's is the
-        machine's, whatever ours says.
+        machine's, whatever ours says. A daemon of another release (another
+        wire version) is replaced the same way; :class:`WireMismatch` where it
+        stays (busy, or the system daemon).
         """
         client = cls.connect(sd, timeout=timeout)
         try:
