@@ -48,6 +48,28 @@ def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
     assert not alive(int((tmp_path / "pid").read_text()))
 
 
+def test_signals_check_catches_a_blocked_signal_and_an_ignored_one(tmp_path: Path) -> None:
+    """A test that leaves SIGUSR1 blocked and SIGINT ignored fails, and the next
+    test of the same process starts with both as they were."""
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_signals.py").write_text(
+        "import signal\n"
+        "def test_a_leaves_them():\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+        "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "def test_b_finds_them_back():\n"
+        "    assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, ())\n"
+        "    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+    )
+    res = subprocess.run(
+        child_pytest(tmp_path), capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "the test left its signals changed" in out and "SIGINT" in out, out
+    assert "2 passed, 1 error" in out, out  # b passed: it found both put back
+
+
 def _need_cgroup() -> str:
     """The cgroup this test runs in (its own, made by conftest), or skip."""
     from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy

@@ -367,8 +367,11 @@ class Client:
 
     def ask(self, msg: Message, want: str, timeout: float = ANSWER_TIMEOUT) -> Message:
         """:meth:`request`, its answer of kind ``want``; :class:`DaemonRefused`
-        with the daemon's words for an error, never a typed answer's KeyError."""
+        with the daemon's words for an error (:class:`WireMismatch` where it
+        refused our wire's version), never a typed answer's KeyError."""
         ans = self.request(msg, timeout)
+        if ans.get("ev") == Ev.ERROR and "wire" in ans:
+            raise WireMismatch(str(ans.get("error")), ans["wire"])
         if ans.get("ev") == Ev.ERROR:
             raise DaemonRefused(str(ans.get("error")), _code(ans))
         if ans.get("ev") != want:
@@ -378,13 +381,7 @@ class Client:
     def open_session(self) -> str:
         """A session opened; :class:`WireMismatch` with a daemon of another
         wire (it refused us, or, older than versions, said its own)."""
-        ans = self.request({"op": Op.OPEN})
-        if ans.get("ev") == Ev.ERROR and "wire" in ans:
-            raise WireMismatch(str(ans.get("error")), ans["wire"])
-        if ans.get("ev") == Ev.ERROR:
-            raise DaemonRefused(str(ans.get("error")), _code(ans))
-        if ans.get("ev") != Ev.SESSION:
-            raise ProtocolError(f"unexpected answer to open: {ans.get('ev')!r}")
+        ans = self.ask({"op": Op.OPEN}, Ev.SESSION)
         theirs = (ans.get("arbiter") or {}).get("wire", UNVERSIONED)
         if theirs != WIRE:
             raise WireMismatch(

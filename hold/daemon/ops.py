@@ -83,15 +83,13 @@ class Ops:
         if (spoken != WIRE or isinstance(spoken, bool)) and op != Op.RETIRE:
             # Read as ours, a request of another version could mean something
             # else: refused, with both versions, so its client can replace us.
-            conn.send(
-                {
-                    "ev": Ev.ERROR,
-                    "code": TOOL,
-                    "wire": WIRE,
-                    "error": f"this ticket daemon (pid {os.getpid()}) speaks wire version "
-                    f'{WIRE}, and the request came in version {spoken!r} (its "v"): '
-                    "the client and the daemon are of different releases of hold",
-                }
+            refuse(
+                conn,
+                f"this ticket daemon (pid {os.getpid()}) speaks wire version {WIRE}, and the "
+                f'request came in version {spoken!r} (its "v"): the client and the daemon '
+                "are of different releases of hold",
+                TOOL,
+                wire=WIRE,
             )
             return
         self.handlers[Op(op)](conn, msg)

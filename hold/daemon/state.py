@@ -184,6 +184,7 @@ def label_for(s: SessionRec, viewer: int) -> str | None:
     return s.lease.label if viewer in (0, s.uid) or not s.lease.private else None
 
 
-def refuse(conn: Conn, why: str, code: int = USAGE) -> None:
-    """Answer a request with an error (USAGE: the request itself was wrong)."""
-    conn.send({"ev": Ev.ERROR, "code": code, "error": why})
+def refuse(conn: Conn, why: str, code: int = USAGE, **fields: Any) -> None:
+    """Answer a request with an error (USAGE: the request itself was wrong), and
+    ``fields`` for the client to act on."""
+    conn.send({"ev": Ev.ERROR, "code": code, "error": why, **fields})
