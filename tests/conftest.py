@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import json
 import os
 import pwd
 import random
@@ -514,6 +515,25 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def in_line(cls: str) -> int:
+    """How many clients wait in line for ``cls`` (``hold status --json``)."""
+    res = subprocess.run(
+        [*HOLD, "status", "--json"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    return len(json.loads(res.stdout)["classes"][cls]["queue"])
+
+
+def wait_in_line(cls: str, n: int, timeout: float = 20) -> None:
+    """Until ``n`` clients wait in line for ``cls``: they have asked and been
+    answered "queued", so each has set up its signal handling by then."""
+    wait_for(lambda: in_line(cls) == n, timeout, 0.05, f"{n} waiting for {cls}")
 
 
 def alive(pid: int) -> bool:

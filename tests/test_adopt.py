@@ -30,6 +30,7 @@ from conftest import (
     unpriv_python,
     update_config,
     wait_for,
+    wait_in_line,
 )
 from test_audit import audit, audit_json, fake_nodes, row_of
 
@@ -401,7 +402,7 @@ def test_ctrl_c_while_waiting_in_line_leaves_the_job_running(tmp_path: Path, job
         sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
         jobs.jobs.append(sleeper)  # type: ignore[arg-type]
         client = jobs.adopt(sleeper.pid, "-t", "1m")
-        time.sleep(1.0)  # in line behind the other lease
+        wait_in_line("fake", 1)  # behind the other lease, its handlers set
         assert client.poll() is None
         client.send_signal(signal.SIGINT)
         code, err = ended(client)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, daemon_pid, wait_for
+from conftest import HOLD, daemon_pid, wait_for, wait_in_line
 
 NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
 MARGIN = 3.0  # on top of each target: a loaded 2-core machine
@@ -148,7 +148,7 @@ def test_a_daemon_that_stops_while_we_wait_in_line() -> None:
                 text=True,
             ),
         }
-        time.sleep(1.0)  # both in line (asked, answered "queued")
+        wait_in_line("npu", 2)  # both asked, and answered "queued"
         os.kill(pid, signal.SIGSTOP)
         start = time.monotonic()
         try:
