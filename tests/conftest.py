@@ -505,7 +505,7 @@ def hold_env(**extra: str) -> dict[str, str]:
 
 
 def wait_for(
-    predicate: Callable[[], T], timeout: float = 5.0, interval: float = 0.01, what: str = "it"
+    predicate: Callable[[], T], timeout: float = 20.0, interval: float = 0.01, what: str = "it"
 ) -> T:
     deadline = time.monotonic() + timeout
     while True:

@@ -430,7 +430,7 @@ def test_kill_stops_the_stray_tree_and_never_a_covered_holder(tmp_path: Path, pr
     assert k["stopped"] is True and k["survivors"] == [] and k["outcome"] == "exited"
     assert set(k["members"]) == {stray["holder"], stray["child"]}
     gone = lambda: not alive(stray["holder"]) and not alive(stray["child"])  # noqa: E731
-    wait_for(gone, 5, what="the stray tree to end")
+    wait_for(gone, 20, what="the stray tree to end")
     assert alive(covered["holder"]) and client.poll() is None
 
     after = audit_json(code=0)

@@ -390,7 +390,7 @@ def kill_daemon() -> int:
     pid = daemon_pid(state_dir())
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not alive(pid), 5, what="the daemon to die")
+    wait_for(lambda: not alive(pid), 20, what="the daemon to die")
     return pid
 
 

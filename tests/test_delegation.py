@@ -216,7 +216,7 @@ def test_sigkilled_hold_run_in_a_delegated_subtree_leaves_no_vanished_descendant
         )
         (stop,) = stops
         assert stop["survivors"] == [] and stop["stopped"] == 2, stop
-        wait_for(lambda: not os.path.exists(leaf), 5, 0.02, f"{leaf} to be removed")
+        wait_for(lambda: not os.path.exists(leaf), 20, 0.02, f"{leaf} to be removed")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -217,7 +217,7 @@ def test_walk_mode_reads_each_process_once_to_stop_an_ended_tree(
     # asked of its stat, apart from the walk's read (procscan.environ).
     bare = subprocess.Popen(["sleep", "60"], env={})
     try:
-        wait_for(lambda: procscan.environ(bare.pid) == b"", 5, what="sleep's exec done")
+        wait_for(lambda: procscan.environ(bare.pid) == b"", 20, what="sleep's exec done")
         walks = _Walks(monkeypatch)
         began = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
         report = stop_tree(tree, grace=2.0)

@@ -261,7 +261,7 @@ def test_interactive_shell_keeps_the_terminal_and_ctrl_c(tmp_path: Path, cgroup_
         fields = _stat_fields(sleep_pid)
         assert fields[2] == fields[5]  # the job has the terminal (pgrp == tpgid)
         term.write("\x03")
-        wait_for(lambda: not alive(sleep_pid), 5, what="Ctrl-C to end sleep 30")
+        wait_for(lambda: not alive(sleep_pid), 20, what="Ctrl-C to end sleep 30")
         term.write('echo "al""ive $$"\n')
         term.expect(rf"alive {shell_pid}$")
         assert proc.poll() is None and alive(hold_pid) and alive(shell_pid)
@@ -578,5 +578,5 @@ def test_survivor_that_cannot_be_killed_is_named_with_exit_3(
         end(proc)
         if survivor is not None and alive(survivor):
             os.kill(survivor, signal.SIGKILL)
-            wait_for(lambda: not alive(survivor), 5, what="the survivor to die")
+            wait_for(lambda: not alive(survivor), 20, what="the survivor to die")
         suid_py.unlink()

@@ -395,7 +395,7 @@ def escapee_stack(base: Path) -> Path:
 def test_signal_stops_everything(tmp_path: Path, cgroup_mode: str, sig: int) -> None:
     up = Up(tmp_path, escapee_stack(tmp_path))
     up.wait_up()
-    wait_for(lambda: "worker-escapee" in pids(tmp_path), 5, what="the escapee")
+    wait_for(lambda: "worker-escapee" in pids(tmp_path), 20, what="the escapee")
     up.proc.send_signal(sig)
     assert up.wait() == 0, up.err
     assert f"{signal.Signals(sig).name} received" in up.err
@@ -408,7 +408,7 @@ def test_signal_stops_everything(tmp_path: Path, cgroup_mode: str, sig: int) -> 
 def test_sigkill_of_hold_up_the_daemon_stops_everything(tmp_path: Path, cgroup_mode: str) -> None:
     up = Up(tmp_path, escapee_stack(tmp_path))
     up.wait_up()
-    wait_for(lambda: "worker-escapee" in pids(tmp_path), 5, what="the escapee")
+    wait_for(lambda: "worker-escapee" in pids(tmp_path), 20, what="the escapee")
     up.proc.kill()
     up.proc.wait()
     assert_all_gone(tmp_path, timeout=15)

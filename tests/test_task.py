@@ -234,7 +234,7 @@ def test_timeout_counts_from_the_start_not_the_collection(tmp_path: Path) -> Non
         # Nobody collects: the call must still end at its timeout.
         wait_for(lambda: started(tmp_path), 10, what="the task to start")
         pid = int(started(tmp_path)[0].split()[1])
-        wait_for(lambda: call.done(), 5, what="the call to end on its own")
+        wait_for(lambda: call.done(), 20, what="the call to end on its own")
         assert not alive(pid)
         # Collected late, on purpose: what the test is about (not a wait for an event).
         time.sleep(0.5)
@@ -406,7 +406,7 @@ def test_the_parked_stub_runs_nothing_before_a_call(tmp_path: Path) -> None:
             lambda: [p for p in parked(runner) if p != stub], 10, what="a new stub"
         )
         os.kill(second_stub, signal.SIGKILL)
-        wait_for(lambda: not alive(second_stub), 5, what="the stub to die")
+        wait_for(lambda: not alive(second_stub), 20, what="the stub to die")
         second = runner.call({"n": 2})
         assert second.exit_code == 0 and second.pid != second_stub
         for r in (first, second):

@@ -96,7 +96,7 @@ def test_every_op_reaches_its_handler_at_a_real_daemon() -> None:
             assert s["lease"]["state"] == "active", s  # a LeaseState is saved as its string
             return s["trees"][0]["root_pid"] == child.pid
 
-        wait_for(saved_root, 5, what="the tree's root in state.json")
+        wait_for(saved_root, 20, what="the tree's root in state.json")
         reached.add(Op.ROOT)
 
         ans = client.request({"op": Op.RELEASE, "lease": "0" * 16})
