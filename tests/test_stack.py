@@ -304,6 +304,31 @@ def test_failure_at_start_stops_what_started_in_reverse_order(tmp_path: Path) ->
     assert_all_gone(tmp_path)
 
 
+def test_a_unit_that_prints_why_and_exits_at_once_is_told_with_its_last_words(
+    tmp_path: Path,
+) -> None:
+    """Its last lines are in the pipe when its exit is seen; the failure waits for
+    the reader to take them (20,000 lines first, so that it has work to do)."""
+    prog = tmp_path / "loud.py"
+    prog.write_text(
+        "import sys\n"
+        "sys.stdout.write(''.join(f'line {i}\\n' for i in range(20000)))\n"
+        "print('the last word', flush=True)\n"
+        "sys.exit(7)\n"
+    )
+    path = write_stack(
+        tmp_path,
+        f"""
+  loud:
+    cmd: [{PY}, {prog}]
+    ready: {{log: NEVER}}
+""",
+    )
+    res = hold("up", str(path))
+    assert res.returncode == 4, res.stderr
+    assert "| the last word" in res.stderr, res.stderr[-2000:]
+
+
 def test_never_ready_in_time_is_exit_124_and_names_the_unit_and_probe(tmp_path: Path) -> None:
     path = write_stack(
         tmp_path,

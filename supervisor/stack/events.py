@@ -36,6 +36,7 @@ from hold_supervisor.stack.plan import probe_of
 from hold_supervisor.stack.readiness import Answer
 from hold_supervisor.stack.start import launch, launch_starts
 from hold_supervisor.stack.state import StackState
+from hold_supervisor.stack.unitoutput import catch_up
 from hold_supervisor.stack.units import Unit, reap, reap_if_exited, status_text
 from hold_supervisor.stackfile.spec import fill
 from hold_supervisor.states import UnitState, advance
@@ -178,6 +179,7 @@ def fail(st: StackState, cause: Cause, u: Unit) -> None:
     if st.cause is not None:
         return
     st.cause = cause
+    catch_up(u)  # what it printed before it ended, in its last output
     lines = list(u.tail)[-10:]
     text = f"{cause.detail}"
     if lines:

@@ -10,8 +10,10 @@ restarts) are written with :func:`mark`.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
+import termios
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -103,12 +105,44 @@ def read_output(u: Unit) -> None:
             return
         for fd, _ev in ready:
             stream, reader = readers[fd]
-            lines = reader.take()
+            with u.reading:
+                lines = reader.take()
+                if lines:
+                    _emit(u, stream, lines)
             if reader.at_eof:
                 poller.unregister(fd)
                 del readers[fd]
-            if lines:
-                _emit(u, stream, lines)
+
+
+def catch_up(u: Unit, timeout: float = DRAIN) -> None:
+    """Until what the unit wrote before now is in its tail and log, for at most
+    ``timeout``: a unit that printed why it failed and exited has its lines in
+    the pipes, and the reader thread, on a loaded machine, may not have taken
+    them yet when its exit is seen. No event says "the pipe was read": the
+    bytes left in each pipe (``FIONREAD``) are polled, then the reader's lock
+    waited for (lines taken but not yet in the tail)."""
+    reader = u.reader
+    if reader is None or not reader.is_alive() or reader is threading.current_thread():
+        return
+    deadline = time.monotonic() + timeout
+    while any(_unread(fd) for fd in (u.out_r, u.err_r)):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.005)
+    if u.reading.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        u.reading.release()
+
+
+def _unread(fd: int) -> int:
+    """Bytes in pipe ``fd`` not yet read (0 for a closed one)."""
+    if fd < 0:
+        return 0
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return int.from_bytes(buf, "little")
 
 
 def _emit(u: Unit, stream: str, lines: list[str]) -> None:

@@ -66,6 +66,9 @@ class Unit:
         self.wake_r = self.wake_w = -1
         self.reader: threading.Thread | None = None
         self.reader_stop = threading.Event()
+        # Held by the reader while it takes lines and hands them on: whoever
+        # waits for the tail to catch up (unitoutput.catch_up) waits for that too.
+        self.reading = threading.Lock()
         self.cwd: str | None = None  # absolute, filled at prepare
         self.scratch: Scratch | None = None
         self.notify: NotifySocket | None = None
