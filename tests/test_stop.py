@@ -618,7 +618,7 @@ def test_unrelated_writer_of_the_same_log_is_left_alone(
         hier = Hierarchy.find()
         leaf = hier.create(f"holdtest-{tree_id}")
     child = spawn(
-        ["sh", "-c", "sleep 30 & echo started; wait"],
+        ["sh", "-c", "sleep 30 & echo started; wait $!"],
         env=minimal_env(os.environ, tree_id=tree_id),
         stdout=log,
         stderr=log,
@@ -648,7 +648,9 @@ def test_unrelated_writer_of_the_same_log_is_left_alone(
 
         assert report.ok and report.outcome == "exited", report.summary()
         assert other.poll() is None and other.ident.is_running(), report.summary()
-        assert _wait(child) == -signal.SIGTERM
+        # Ended by the TERM: its own, or its sleep's, which the shell reports
+        # when the sleep is signalled and reaped before the shell is (under load).
+        assert _wait(child) in (-signal.SIGTERM, 128 + signal.SIGTERM)
     finally:
         if log >= 0:
             os.close(log)

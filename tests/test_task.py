@@ -518,7 +518,7 @@ def hold_call(*args: str, timeout: float = 30, **kw: object) -> subprocess.Compl
 
 def test_hold_call_through_the_stack(tmp_path: Path) -> None:
     body = task_yaml(tmp_path, "report") + task_yaml(
-        tmp_path, "sleep", name="slow", timeout="1s", concurrency="1"
+        tmp_path, "sleep", name="slow", timeout="3s", concurrency="1"
     )
     env = dict(os.environ, SUPERVISOR_SECRET="do-not-leak")
     r, w = os.pipe()  # an inheritable descriptor in hold up's hands
@@ -559,7 +559,9 @@ def test_hold_call_through_the_stack(tmp_path: Path) -> None:
 
         # --no-wait while the only slot is taken: 75; hold ps shows the running call.
         bg = subprocess.Popen(
-            [*HOLD, "call", "t", "slow", "--arg", "s=0.8"],
+            # 2.5 s: the slot stays taken through a refused call and a ps
+            # (0.8 s once ended before ps read it, beside two hogs).
+            [*HOLD, "call", "t", "slow", "--arg", "s=2.5"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
