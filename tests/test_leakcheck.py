@@ -142,9 +142,10 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
     )
     other = None
     try:
-        wait_for(ready.exists, 30, what="the child's first test")
+        # Its text, not the file: write_text makes the file before it writes.
+        base = wait_for(lambda: ready.exists() and ready.read_text(), 30, what="the child's test")
         # The child's test runs in a cgroup of its own, below ours.
-        assert os.path.dirname(ready.read_text()) == here
+        assert os.path.dirname(base) == here
         other = Hierarchy(here).create("hold-someoneelse0001")
         made.write_text("")
         out, _ = child.communicate(timeout=60)
