@@ -24,6 +24,7 @@ from conftest import fresh_leaf
 
 from hold_supervisor.environ import FALLBACK_PATH, MARKER, minimal_env
 from hold_supervisor.parse import format_cpus
+from hold_supervisor.proc import scan as procscan
 from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf, own_cgroup, v2_mount
 from hold_supervisor.spawn.child import Child, SpawnError, owned_pids, spawn
 
@@ -410,8 +411,10 @@ def test_marker_is_in_the_child_process_environment() -> None:
     tid = _tree_id()
     child = spawn(["sleep", "30"], env=minimal_env(os.environ, tree_id=tid))
     try:
-        with open(f"/proc/{child.pid}/environ", "rb") as f:
-            entries = f.read().split(b"\0")
+        # Read as every marker check reads it (an exec under way reads empty).
+        env = procscan.environ(child.pid)
+        assert env is not None
+        entries = env.split(b"\0")
         assert f"{MARKER}={tid}".encode() in entries
         assert not any(e.startswith(b"AWS_") for e in entries)
     finally:
