@@ -153,6 +153,39 @@ def test_forked_scans_from_several_threads_at_once(
     assert all({(by_fd, 0, "fd"), (by_map, 1, "mmap")} <= g for g in got), got
 
 
+REFUSED_FORK = """
+import json, os, sys
+from hold.devices import holders
+from hold.devices.classes import DeviceClass
+holders.PER_FORK = 1
+os.sched_getaffinity = lambda _pid: set(range(8))
+def refuse(event, _args):
+    # As filelock 4.3's hook does while another thread is inside a fork.
+    if event == "os.fork":
+        raise RuntimeError("os.fork is unsafe while filelock is changing descriptor ownership")
+sys.addaudithook(refuse)
+tgts = holders.targets({"fake": DeviceClass("fake", tuple(sys.argv[1:]))})
+print(json.dumps(sorted(h.pid for h in holders.scan(tgts, forks=True).holders)))
+"""
+
+
+def test_a_fork_refused_by_an_audit_hook_is_read_in_process(tmp_path: Path, procs: Procs) -> None:
+    """A library's audit hook that refuses ``os.fork`` (a RuntimeError) costs the
+    scan its workers, not its answer. In a child: an audit hook cannot be removed."""
+    nodes = fake_nodes(tmp_path)
+    by_fd = procs.holder("fd", nodes[0])["holder"]
+    by_map = procs.holder("mmap", nodes[1])["holder"]
+    res = subprocess.run(
+        [sys.executable, "-c", REFUSED_FORK, *map(str, nodes)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert {by_fd, by_map} <= set(json.loads(res.stdout)), res.stdout
+
+
 SCAN_AS = """
 import json, os, sys
 from hold.devices import holders

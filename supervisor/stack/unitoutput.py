@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import sys
 import termios
 import threading
 import time
@@ -142,7 +143,7 @@ def _unread(fd: int) -> int:
         fcntl.ioctl(fd, termios.FIONREAD, buf)
     except OSError:
         return 0
-    return int.from_bytes(buf, "little")
+    return int.from_bytes(buf, sys.byteorder)  # a C int
 
 
 def _emit(u: Unit, stream: str, lines: list[str]) -> None:
