@@ -241,10 +241,11 @@ def test_an_older_process_moved_into_the_leaf_brings_its_older_child(
         cache = ProcCache()
         cache.walk(0, TOP_UPS)
         time.sleep(0.05)  # the root starts some ticks later
-        child = spawn(["sleep", "60"], env=minimal_env(os.environ, tree_id="t-old"), cgroup=leaf)
+        tree_id = f"t-{uuid.uuid4().hex[:12]}"
+        child = spawn(["sleep", "60"], env=minimal_env(os.environ, tree_id=tree_id), cgroup=leaf)
         leaf.move(older.pid)
         tree = Tree(
-            "t-old", child.ident, child.pid, child.pid, leaf=leaf, owned=owned_pids(), cache=cache
+            tree_id, child.ident, child.pid, child.pid, leaf=leaf, owned=owned_pids(), cache=cache
         )
         assert read_stat(older_child).starttime < tree.since
         report = stop_tree(tree, grace=2.0)

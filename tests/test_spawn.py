@@ -668,7 +668,7 @@ def test_a_child_that_exits_at_once_is_never_reaped_as_an_orphan() -> None:
     the fork and the note (the spawn then failed with NoSuchProcess)."""
     from hold_supervisor.proc.stop import reap_adopted
 
-    env = minimal_env(os.environ, tree_id="t-reap")
+    env = minimal_env(os.environ, tree_id=f"t-reap-{uuid.uuid4().hex[:12]}")
     stop = threading.Event()
 
     def reap_all_the_time() -> None:

@@ -682,7 +682,10 @@ LISTEN = (
     "time.sleep(600)\\n"
 )
 r, w = os.pipe()
-child = spawn([sys.executable, "-c", LISTEN], env=minimal_env(os.environ, tree_id="t-unpriv"),
+# The tree's id is the test's own (argv): the marker finds processes of this
+# user started since, and the same test may run in another suite beside this one.
+tree_id = sys.argv[1]
+child = spawn([sys.executable, "-c", LISTEN], env=minimal_env(os.environ, tree_id=tree_id),
               stdout=w)
 os.close(w)
 try:
@@ -690,7 +693,7 @@ try:
     port = int(os.read(r, 100))
     print(json.dumps({"port": port, "root": child.pid}), flush=True)
     sys.stdin.readline()
-    tree = Tree("t-unpriv", child.ident, child.pid, child.pid)
+    tree = Tree(tree_id, child.ident, child.pid, child.pid)
     rep = stop_tree(tree, grace=5.0)
     print(json.dumps({
         "ok": rep.ok, "outcome": rep.outcome, "held": rep.held,
@@ -722,7 +725,9 @@ def test_a_port_kept_by_an_owner_it_may_not_inspect_is_reported_not_failed(
     (the port, no pid), and the stop is not a failure."""
     py = unpriv_python()
     stopper = subprocess.Popen(
-        as_user(unpriv_user, [py, "-c", _STOPPER], unpriv_runtime, {}),
+        as_user(
+            unpriv_user, [py, "-c", _STOPPER, f"t-{uuid.uuid4().hex[:12]}"], unpriv_runtime, {}
+        ),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -735,7 +740,9 @@ def test_a_port_kept_by_an_owner_it_may_not_inspect_is_reported_not_failed(
         started = json.loads(first)
         port, root = started["port"], started["root"]
         argv = as_user(other_user, [py, "-c", _OTHER, "/dev/null", str(port)], unpriv_runtime, {})
-        other = _spawn_until(argv, minimal_env(os.environ, tree_id="other"), other_user)
+        other = _spawn_until(
+            argv, minimal_env(os.environ, tree_id=f"other-{uuid.uuid4().hex[:12]}"), other_user
+        )
         assert len(_tcp_listeners(port)) == 2
 
         assert stopper.stdin is not None

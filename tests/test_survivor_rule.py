@@ -19,6 +19,7 @@ import pwd
 import select
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,7 +61,9 @@ def started() -> Iterator[list[Child]]:
 def _holder(started: list[Child], user: str, runtime: Path, node: Path) -> Child:
     argv = as_user(user, [unpriv_python(), "-c", _HOLDER, str(node)], runtime, {})
     r, w = os.pipe()
-    child = spawn(argv, env=minimal_env(os.environ, tree_id="not-a-tree"), stdout=w)
+    child = spawn(
+        argv, env=minimal_env(os.environ, tree_id=f"not-a-tree-{uuid.uuid4().hex[:12]}"), stdout=w
+    )
     started.append(child)
     try:
         os.close(w)

@@ -52,7 +52,8 @@ if "--handle" in opts:
 
 if os.fork() == 0:
     ignore_polite()
-    if os.fork() == 0:
+    middle = os.fork()
+    if middle == 0:
         os.setsid()
         if os.fork() > 0:
             os._exit(0)
@@ -64,6 +65,11 @@ if os.fork() == 0:
             f.write(str(s.getsockname()[1]))
         note("escapee")
         sleep_forever()
+    # The middle process is reaped before the child says it is in place, so the
+    # tree is exactly main, child and escapee once DIR/ready appears: under load
+    # the middle could still be alive (not yet run to its _exit) when the
+    # command ended, and a stop then counted three members it left.
+    os.waitpid(middle, 0)
     note("child")
     sleep_forever()
 
