@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, PROGS, wait_for
+from conftest import HOLD, PROGS, daemon_pid, wait_for
 
 from hold.daemon import history
 from hold.daemon.report import build
@@ -128,6 +128,71 @@ def test_report_matches_a_scripted_sequence(tmp_path: Path) -> None:
     assert report("--since", "2999-01-01")["users"] == []
     text = subprocess.run([*HOLD, "report"], capture_output=True, text=True, check=True).stdout
     assert "USER" in text and "npu:0" in text and f"pid {stray.pid}" in text
+
+
+# A real-time busy loop on one CPU from wall time argv[2] to argv[3]: what a
+# loaded machine does to a process it does not run for a while. Exit 77 if
+# this user may not take a real-time priority.
+_STARVE = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+start, until = float(sys.argv[2]), float(sys.argv[3])
+time.sleep(max(0.0, start - time.time()))
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+except PermissionError:
+    sys.exit(77)
+while time.time() < until:
+    pass
+"""
+
+
+def test_a_lease_ended_at_its_limit_while_the_daemon_ran_late_is_an_expiry(
+    tmp_path: Path,
+) -> None:
+    """The client stops its command at the limit by its own clock and says it is
+    done. A daemon the machine did not run meanwhile (here: a real-time busy
+    loop on its CPU from just before the limit, the client on another) finds
+    both the limit passed and that word waiting: the lease expired, and the
+    history says so. It read the word first and wrote "ended" (the scripted
+    sequence above, 1 run in 8 beside busy loops on a 16-core host). A SIGSTOP
+    cannot show it: a stopped daemon's select returns nothing once resumed past
+    its timeout, and its timers run first."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: one for the daemon, one for the client")
+    configure(tmp_path)
+    first = subprocess.run([NPU_HOLD, "--", "true"], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    pid = daemon_pid(Path(os.environ["HOLD_STATE_DIR"]))
+    assert pid is not None
+    os.sched_setaffinity(pid, {cpus[0]})  # its loop's thread; the client elsewhere
+    gamma = subprocess.Popen(
+        ["taskset", "-c", str(cpus[1]), NPU_HOLD, "-t", "3s", "-l", "gamma", "--", "sleep", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    starve: subprocess.Popen[bytes] | None = None
+    try:
+        holder = wait_for(holder_of_npu, 10, what="gamma's grant")
+        expires = float(holder["expires"])
+        starve = subprocess.Popen(
+            [sys.executable, "-c", _STARVE, str(cpus[0]), str(expires - 0.2), str(expires + 0.8)]
+        )
+        if starve.wait(30) == 77:
+            pytest.skip("this user may not take a real-time priority")
+        assert gamma.wait(30) == 124, gamma.stderr
+    finally:
+        for p in (gamma, starve):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+        gamma.communicate(timeout=10)
+    doc = wait_for(lambda: (d := report())["users"] and d, 10, what="gamma in the history")
+    (me,) = doc["users"]
+    assert me["leases"] == 2 and me["ends"] == {"ended": 1, "expired": 1}, me
 
 
 def test_bad_since_is_refused(tmp_path: Path) -> None:

@@ -184,7 +184,13 @@ class Daemon:
 
     def _turn(self, sock: socket.socket, wake_r: int) -> None:
         """One turn of the loop: the events, then what workers and timers left to do."""
-        for key, mask in self.st.sel.select(self._next_timeout()):
+        events = self.st.sel.select(self._next_timeout())
+        # Leases whose time is up expire before anything that came meanwhile is
+        # read. A holder's client ends its command at the limit by its own clock
+        # and says it is done; a daemon run late (a loaded machine) read that
+        # first and wrote the lease down as ended where it had expired.
+        self._expire_leases(time.time(), time.monotonic())
+        for key, mask in events:
             kind, obj = key.data
             if kind == "listen":
                 self._accept(sock)
