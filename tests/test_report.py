@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, PROGS, daemon_pid, wait_for
+from conftest import HOLD, PROGS, daemon_pid, wait_for, wait_in_line
 
 from hold.daemon import history
 from hold.daemon.report import build
@@ -60,12 +60,20 @@ def report(*args: str) -> dict[str, Any]:
 
 def test_report_matches_a_scripted_sequence(tmp_path: Path) -> None:
     node = configure(tmp_path)
-    using = f"f = open({str(node)!r}); import time; time.sleep(2.0)"
-    # 1. alpha holds the node for 2 s; beta waits behind it, then sleeps 1 s.
+    go = tmp_path / "go"
+    using = (
+        f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        f"f = open({str(node)!r}); time.sleep(2.0)"
+    )
+    # 1. alpha holds the node for 2 s once beta waits behind it; beta then sleeps 1 s.
+    # (Started at once, alpha's 2 s could be half over before beta, started by a
+    # loaded machine, asked: it waited 0.96 s once beside two busy loops.)
     t0 = time.time()
     alpha = npu("-t", "1m", "-l", "alpha", "--", sys.executable, "-c", using)
     wait_for(lambda: holder_of_npu() is not None, 10, what="alpha's grant")
     beta = npu("-t", "1m", "-l", "beta", "--", "sleep", "1")
+    wait_in_line("npu", 1)
+    go.write_text("")
     assert alpha.wait(30) == 0 and beta.wait(30) == 0, (alpha.stderr, beta.stderr)
     # 2. gamma expires after 2 s (exit 124, as timeout(1)).
     gamma = npu("-t", "2s", "-l", "gamma", "--", "sleep", "30")
@@ -100,14 +108,14 @@ def test_report_matches_a_scripted_sequence(tmp_path: Path) -> None:
         assert a["leases"] == 4  # epsilon was never granted
         assert a["ends"] == {"ended": 2, "expired": 1, "released": 1}
         assert a["expiries"] == 1 and a["releases"] == 1 and a["strays"] == 1
-        # alpha ~2 s + beta ~1 s + gamma 2 s (+ its stop) + delta ~1 s
-        assert 6.0 - SLACK <= a["leased_s"] <= min(elapsed, 6.0 + 3 * SLACK)
+        # alpha ~2 s (+ beta's start) + beta ~1 s + gamma 2 s (+ its stop) + delta ~1 s
+        assert 6.0 - SLACK <= a["leased_s"] <= min(elapsed, 6.0 + 4 * SLACK)
         # Held: only alpha opened the node (seen by the scans, within a period).
         assert 2.0 - 3 * SAMPLE - SLACK / 2 <= a["held_s"] <= 2.0 + SLACK
         assert a["unmeasured_s"] == 0
-        # Waits: beta waited for alpha (~2 s); the others not at all.
+        # Waits: beta waited for alpha (2 s and more); the others not at all.
         assert a["waits"] == 4
-        assert 2.0 - SLACK <= a["wait_max_s"] <= 2.0 + SLACK
+        assert 2.0 <= a["wait_max_s"] <= 2.0 + 3 * SLACK
         assert a["wait_median_s"] < 0.5
     assert set(me["labels"]) == {"alpha", "beta", "gamma", "delta"}
     (s,) = doc["strays"]
