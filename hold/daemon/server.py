@@ -436,7 +436,7 @@ class Daemon:
             self.idle_since = time.monotonic()
 
     def _run_timers(self) -> None:
-        now_wall, now_mono = time.time(), time.monotonic()
+        now_mono = time.monotonic()
         st = self.st
         if (
             st.idle_exit is not None
@@ -450,7 +450,7 @@ class Daemon:
             self._recheck()
         if self.nodes_resume_at is not None and self.nodes_resume_at <= now_mono:
             self._listen_to_nodes()
-        self._expire_leases(now_wall, now_mono)
+        # (Leases are expired at the start of each turn: see _turn.)
         for sid, t in list(self.endings.kill_at.items()):
             if t <= now_mono and sid in st.sessions:
                 self.endings.end(st.sessions[sid], "expired, not stopped by the client")
