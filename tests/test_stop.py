@@ -820,6 +820,61 @@ def test_fork_loop_in_walk_mode_is_never_reported_empty_while_it_runs(
         assert _marked(s.tree_id) == []
 
 
+# One busy loop on CPU argv[1] until wall time argv[2]: a loaded machine.
+_BUSY = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+until = float(sys.argv[2])
+while time.time() < until:
+    pass
+"""
+
+
+@pytest.mark.parametrize("cgroup_mode", ["walk"], indirect=True)
+def test_every_look_at_a_fork_loop_in_walk_mode_finds_it_on_a_busy_machine(
+    start: Callable[..., Started], cgroup_mode: str
+) -> None:
+    """Three fork loops, each generation in a session of its own, on a machine
+    whose every CPU runs a busy loop, among a thousand more processes. A walk
+    of /proc, however often topped up, can miss all three: without our
+    children read, 1-3 looks in 25 found no member here, and the stop said
+    "empty" while the loops ran on (1 run in 3; the suite, once in 30 runs
+    beside two busy loops). But their orphans come to us, the subreaper, so
+    every look also reads our own children, which a loop cannot outrun: each
+    look finds a member, and the stop ends them."""
+    s = start("forkloop_tree.py", "--loops", "3", "--setsid")
+    s.wait_ready({"main": 1, "loop": 3}, port=False)
+    assert _wait(s.child) == 0
+    until = time.time() + 4.0
+    env = minimal_env(os.environ, tree_id=f"busy-{s.tree_id}")
+    # Spawned, so ours and never taken for the tree's orphans.
+    busy = [
+        spawn([sys.executable, "-c", _BUSY, str(cpu), str(until)], env=env)
+        for cpu in sorted(os.sched_getaffinity(0))
+    ]
+    # A machine of many processes: each walk takes longer.
+    crowd = spawn(["sh", "-c", "for i in $(seq 1000); do sleep 30 & done; wait"], env=env)
+    busy.append(crowd)
+    try:
+        looks = empty = 0
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            looks += 1
+            empty += not s.tree.look()[1]
+        assert _grows(s.device), "the fork loops do not run"
+        report = s.stop(grace=0.2)
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(crowd.pid, signal.SIGKILL)
+        for b in busy:
+            with contextlib.suppress(NoSuchProcess):
+                b.send_signal(signal.SIGKILL)
+            _wait(b)
+    assert empty == 0, f"{empty} of {looks} looks found no member"
+    assert not _grows(s.device), f"the fork loops run on after: {report.summary()}"
+    assert report.ok and report.outcome == "killed", report.summary()
+
+
 @pytest.mark.parametrize("cgroup_mode", ["cgroup"], indirect=True)
 def test_members_that_move_to_another_cgroup_are_found_and_stopped(
     start: Callable[..., Started], cgroup_mode: str

@@ -64,6 +64,12 @@ class Stat(NamedTuple):
         return self.state in ("Z", "X", "x")
 
     @property
+    def is_stopped(self) -> bool:
+        """Stopped by a signal (``T``) or its tracer (``t``): it runs no instruction,
+        so it forks no child and its list of children changes only by their exits."""
+        return self.state in ("T", "t")
+
+    @property
     def is_exiting(self) -> bool:
         """In its exit (``PF_EXITING``): already out of its cgroup, not yet a zombie."""
         return bool(self.flags & _PF_EXITING)

@@ -74,7 +74,8 @@ from hold_supervisor.proc.tree import Look, Member, Tree
 
 _KILL_WAIT = 2.0  # seconds to wait for SIGKILLed processes to disappear
 _WALK_ROUNDS = 50  # freeze-and-walk gives up looking for new members after this
-_ADOPTED_ROUNDS = 2000  # the same for the orphans that come to us (a round: microseconds)
+_FREEZE_WAIT = 2.0  # seconds the freeze of the orphans that come to us may take
+_FREEZE_PAUSE = 0.0005  # seconds it waits for processes sent SIGSTOP to stop
 
 # The default survivor check, looked up here at each stop: bench/run.py wraps
 # it under this name (as it does _wait_tree_empty) to time the phase.
@@ -181,58 +182,69 @@ def _freeze_and_walk(tree: Tree) -> dict[int, Member]:
 
 
 def _freeze_adopted(tree: Tree, frozen: dict[int, Member], stopped: dict[int, Member]) -> None:
-    """SIGSTOP the orphans that come to us, and the children of those just
-    stopped, reading only those processes' children lists (no walk of /proc),
-    until two rounds find nobody new.
+    """Freeze the tree downwards from our own children, reading only children
+    lists (no walk of /proc): SIGSTOP each orphan that comes to us and each
+    child of a process already stopped, until two rounds in a row find every
+    process stopped and nobody new (or ``_FREEZE_WAIT`` has passed).
 
     A chain whose processes each fork and exit within a millisecond outruns a
-    walk (tens of milliseconds on a busy machine): each walk finds the next
-    generation already born. But without a leaf every orphan of the tree is
-    re-parented to us (the subreaper), and a stopped process forks no more:
-    a round here takes a few hundred microseconds, so it stops each chain
-    between two of its forks. Only where this process adopts for this one
-    tree (:attr:`Tree.adopts_orphans`); never one it spawned itself, nor one
-    older than the tree.
+    walk (tens of milliseconds on a busy machine). But where this process
+    adopts for this one tree (:attr:`Tree.adopts_orphans`), every live
+    process of the tree is our child or the child of a live process of it
+    (see :meth:`Tree.orphans`), so the children lists, read from the top,
+    reach each one.
+
+    A list counts as final only once its process **is** stopped, by its
+    state, not once it was sent SIGSTOP: the signal is acted on when the
+    process next leaves the kernel, and a fork under way completes first, so
+    a list read in between lacks the child that runs on. On a busy machine
+    the stopped state can be milliseconds away. A stopped process forks no
+    more: its list is final, but for exits. A process that never stops (one
+    held in the kernel: a ``vfork`` parent whose child we stopped) keeps the
+    freeze going until ``_FREEZE_WAIT``; what it found is killed then.
+
+    Never a process we spawned, nor one older than the tree.
     """
     if not tree.adopts_orphans:
         return
-    watch = [m.ident.pid for m in stopped.values()]
-    gone: set[int] = set()
-    quiet = 0
-    for _ in range(_ADOPTED_ROUNDS):
-        todo = [p for p in scan.children_of_self() if not tree.spawned_here(p)]
-        for pid in watch:
-            if pid not in gone:
-                todo += scan.children_of(pid) or ()
-        found = False
-        for pid in todo:
-            if pid in frozen or pid in gone:
-                continue
+    deadline = time.monotonic() + _FREEZE_WAIT
+    # Those sent SIGSTOP: their children are read each round.
+    watch: dict[int, ProcessId] = {pid: m.ident for pid, m in stopped.items()}
+    calm = 0
+    while calm < 2 and time.monotonic() < deadline:
+        moved = False  # someone was frozen, or is not yet stopped
+        todo = [pid for pid, st in tree.orphans().items() if not st.is_dead]
+        for pid, ident in list(watch.items()):
             st = scan.stat_of(pid)
-            if st is None or st.is_dead:
-                # Reaped now if it is ours (an adopted zombie): a chain leaves
-                # one a millisecond, and reading them all again each round
-                # would make the rounds as slow as the walk.
-                gone.add(pid)
-                if st is not None and not tree.spawned_here(pid):
-                    try:
-                        os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:
-                        pass
+            if st is None or st.starttime != ident.starttime or st.is_dead:
+                del watch[pid]  # gone before it stopped: its children came to us
+                moved = True
                 continue
-            if st.starttime < tree.since:
+            todo += scan.children_of(pid) or ()
+            if not st.is_stopped:
+                moved = True  # may still be forking: its list is not final
+        for pid in todo:
+            st = scan.stat_of(pid)
+            if st is None or st.is_dead or st.starttime < tree.since:
+                continue
+            known = frozen.get(pid)
+            if known is not None and known.ident.starttime == st.starttime:
+                if pid not in watch and not st.is_stopped:
+                    watch[pid] = known.ident
+                    moved = True
                 continue
             ident = ProcessId(pid, st.starttime)
             if _signal(ident, signal.SIGSTOP):
                 frozen[pid] = Member(ident, st.comm, ("adopted",))
-                watch.append(pid)
-                found = True
-        if found:
-            quiet = 0
-            continue
-        quiet += 1
-        if quiet == 2:
-            return
+                watch[pid] = ident
+                moved = True
+        if moved:
+            calm = 0
+            # Let the processes just signalled run to their stop (this loop
+            # would otherwise take their CPU on a busy machine).
+            time.sleep(_FREEZE_PAUSE)
+        else:
+            calm += 1
 
 
 def _own_group(tree: Tree, procs: dict[int, Stat], members: dict[int, Member]) -> int | None:

@@ -57,6 +57,8 @@ Look = tuple[dict[int, Stat], dict[int, "Member"]]
 
 # How often a look reads the pids that appeared while it walked /proc.
 _TOP_UPS = 4
+# How often a look reads our children again after reaping an orphan (see Tree.orphans).
+_ORPHAN_READS = 20
 
 
 class Member(NamedTuple):
@@ -245,6 +247,10 @@ class Tree:
         :mod:`hold_supervisor.proc.cache`). So in walk mode too, a stop whose first
         look found nobody reads every process once, not twice.
 
+        A tree whose orphans come to us (``adopts_orphans``) is also looked for
+        among our own children, which a fork loop cannot outrun: see
+        :meth:`orphans`.
+
         With a ``cache`` (and a root in a session of its own), what it proves
         older than the root is not read at all, nor returned: see
         :meth:`_cached_look`.
@@ -261,6 +267,8 @@ class Tree:
                 return look
         # Since 0: every process is read (or, after a look, what is new since).
         procs, marked = self._walk(after)
+        if self.adopts_orphans:
+            procs.update(self.orphans())
         return procs, self._members(procs, marked, everywhere=True)
 
     def _walk(self, after: dict[int, Stat] | None) -> tuple[dict[int, Stat], set[int]]:
@@ -313,15 +321,49 @@ class Tree:
             return None
         procs = cache.walk(self.since, _TOP_UPS, after)
         if self.adopts_orphans:
-            for pid in scan.children_of_self():
-                st = procs.get(pid) or scan.stat_of(pid)
-                if st is not None:
-                    procs[pid] = st
+            procs.update(self.orphans())
         marked = {st.pid for st in procs.values() if self._carries_marker(st)}
         members = self._members(procs, marked, everywhere=True)
         if any(m.ident.starttime < self.since for m in members.values()):
             return None
         return procs, members
+
+    def orphans(self) -> dict[int, Stat]:
+        """Our children that no spawn of ours made, as they are now (zombies
+        included): where the tree's orphans come to us (``adopts_orphans``),
+        each live one started at or after ``since`` is a member.
+
+        A walk of /proc can miss a fork loop whose processes live a
+        millisecond each, every time (the pid it listed is gone when read,
+        the new one was not listed). Our children list cannot: a process of
+        the tree whose parent exits comes to us (we are its subreaper) before
+        that parent becomes a zombie, and a zombie child of ours stays in the
+        list until we reap it. So a listing whose every orphan was alive when
+        read holds each live process of the tree or its living ancestor. An
+        orphan found a zombie is reaped (nobody else waits for it), and the
+        list read again -- its children came to us meanwhile -- until a
+        listing holds no new zombie (at most ``_ORPHAN_READS`` times).
+        """
+        out: dict[int, Stat] = {}
+        for _ in range(_ORPHAN_READS):
+            reaped = False
+            for pid in scan.children_of_self():
+                if self.spawned_here(pid):
+                    continue
+                st = scan.stat_of(pid)
+                if st is None:
+                    continue
+                out[pid] = st
+                # Asked after the zombie is seen: a spawn that made it has
+                # written it down by then (hold_supervisor.proc.spawned).
+                if st.is_dead and not self.spawned_here(pid):
+                    try:
+                        reaped = os.waitpid(pid, os.WNOHANG)[0] == pid or reaped
+                    except ChildProcessError:
+                        pass
+            if not reaped:
+                break
+        return out
 
     def _carries_marker(self, st: Stat) -> bool:
         return (
@@ -460,8 +502,8 @@ class Tree:
             found.setdefault(self.root.pid, []).append("root")
         if self.adopts_orphans:
             # Orphans come to us (a subreaper) whatever cgroup they moved to.
-            for pid in scan.children_of_self():
-                if not self.spawned_here(pid):
+            for pid, orphan in self.orphans().items():
+                if not orphan.is_dead:
                     found.setdefault(pid, []).append("adopted")
         # A member's children outside the leaf left it (a child is born in its
         # parent's cgroup): one read per member, never every process.
