@@ -66,6 +66,36 @@ def isolated_hold(
     """
     state = tmp_path / "state"
     own_nodes = request.node.get_closest_marker("real_devices") is None
+    with contextlib.ExitStack() as stack:
+        if not own_nodes:
+            stack.enter_context(_machine_devices_to_ourselves())
+        yield from _isolated(tmp_path, state, own_nodes, monkeypatch)
+
+
+@contextlib.contextmanager
+def _machine_devices_to_ourselves(timeout: float = 240.0) -> Iterator[None]:
+    """One test at a time on the machine's own devices, across every run of this
+    suite on the machine. Each test's daemon has a lock directory of its own,
+    so two suites' daemons could lease one real GPU at once; and when a lease
+    ends its daemon stops whoever started on the device since the grant -- the
+    other suite's CUDA process too (the lent host, 8 suites on one GPU: once
+    in 8 runs an audit found no stray where its test had just started one)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(os.path.join(tempfile.gettempdir(), "hold-tests-real-devices.lock"), mode=0o666)
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        pytest.fail(f"another run of this suite kept the machine's devices for {timeout:.0f} s")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _isolated(
+    tmp_path: Path, state: Path, own_nodes: bool, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
     write_config(tmp_path, node_classes=own_nodes)
     monkeypatch.setenv("HOLD_STATE_DIR", str(state))
     monkeypatch.setenv("HOLD_CONFIG", str(tmp_path / "config.yaml"))

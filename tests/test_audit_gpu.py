@@ -90,7 +90,7 @@ def test_stray_cuda_process_matches_nvml(capsys: pytest.CaptureFixture[str]) -> 
                     f"audit: {r['device']} {r['node']} how={r['how']} "
                     f"devmem={r['device_memory_bytes']} covered={r['covered']} why={r['why']}"
                 )
-        assert code == 1
+        assert code == 1, doc
         assert rows, f"pid {pid} not found by the audit"
         per_device = [r for r in rows if r["index"] is not None]
         assert per_device, rows
@@ -127,7 +127,7 @@ def test_gpu_hold_covers_and_outside_is_stray(tmp_path: Path) -> None:
         by_pid: dict[int, list[dict[str, object]]] = {}
         for r in doc["holders"]:  # type: ignore[union-attr]
             by_pid.setdefault(int(r["pid"]), []).append(r)
-        assert code == 1
+        assert code == 1, doc
         assert by_pid.get(inside_pid) and all(r["covered"] for r in by_pid[inside_pid])
         assert all(r["label"] == "gpu-test" for r in by_pid[inside_pid])
         assert by_pid.get(outside_pid) and not any(r["covered"] for r in by_pid[outside_pid])
