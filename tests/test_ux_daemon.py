@@ -9,13 +9,16 @@ The daemon runs for real, on the test's own state directory and configuration
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -174,20 +177,27 @@ def test_a_console_nobody_reads_never_stops_the_grants(isolated_hold: Path) -> N
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    label = "x" * 200  # each event's line carries it: the 64 KiB pipe fills in ~100 tickets
+    assert proc.stderr is not None
+    # The smallest pipe (one page), before the daemon has said much: full in a
+    # few tickets (150 tickets to fill 64 KiB took over a minute beside two
+    # busy loops).
+    fcntl.fcntl(proc.stderr.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+    label = "x" * 200  # each event's line carries it
+    tickets = 30
     try:
         serving(proc)
-        for _ in range(150):
+        for _ in range(tickets):
             res = subprocess.run(
                 [NPU_HOLD, "-l", label, "--", "true"], capture_output=True, text=True, timeout=30
             )
             assert res.returncode == 0, res.stderr
+        unread = struct.unpack("i", fcntl.ioctl(proc.stderr.fileno(), termios.FIONREAD, b"0000"))[0]
+        assert unread > 4096 - 2 * len(label), f"the pipe never filled: {unread} bytes in it"
     finally:
         stop(proc)
-        assert proc.stderr is not None
         proc.stderr.close()
     log = (state_dir() / "daemon.log").read_text().splitlines()
-    assert sum('"event": "granted"' in ln for ln in log) == 150
+    assert sum('"event": "granted"' in ln for ln in log) == tickets
 
 
 @pytest.mark.parametrize(
