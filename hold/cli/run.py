@@ -319,21 +319,23 @@ class Run:
         """The leaf, the tree registered, the command run and stopped; its exit status."""
         session = self.session
         assert session is not None
-        try:
-            leaf = fg.prepare(self.cgroups)
-        except CgroupUnavailable as e:  # required: writable, yet no leaf could be made
-            session.close()
-            self.say(f"cgroups: required, but {e}")
-            return exitcodes.USAGE
-        # Without a leaf, a keeper above us ends the tree if we are SIGKILLed
-        # (hold_supervisor.spawn.keeper); with one, none is needed.
-        if not fg.containment.keep(grace=self.args.grace, spare=self._daemon):
-            self.say(
-                f"warning: no keeper (threads are running): {fg.containment.limit(self.cgroups)}"
-            )
-        elif self.args.verbose and (note := fg.containment.limit(self.cgroups)):
-            self.say(note)  # once per run: the limit of the walk (issue 10)
-        with fg.until_run():  # the leaf goes, whatever happens, if the command never runs
+        # The leaf goes, whatever happens (a SIGTERM as it is made), if the command never runs.
+        with fg.until_run():
+            try:
+                leaf = fg.prepare(self.cgroups)
+            except CgroupUnavailable as e:  # required: writable, yet no leaf could be made
+                session.close()
+                self.say(f"cgroups: required, but {e}")
+                return exitcodes.USAGE
+            # Without a leaf, a keeper above us ends the tree if we are SIGKILLed
+            # (hold_supervisor.spawn.keeper); with one, none is needed.
+            if not fg.containment.keep(grace=self.args.grace, spare=self._daemon):
+                self.say(
+                    "warning: no keeper (threads are running): "
+                    f"{fg.containment.limit(self.cgroups)}"
+                )
+            elif self.args.verbose and (note := fg.containment.limit(self.cgroups)):
+                self.say(note)  # once per run: the limit of the walk (issue 10)
             try:
                 # Registered again with news only: its leaf (a lease's tree is
                 # registered by its marker while it waits in line).

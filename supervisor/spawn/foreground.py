@@ -106,7 +106,15 @@ class Foreground:
         that cannot be made gives way to the walk (:func:`first_home`), under
         ``required`` :class:`~hold_supervisor.proc.cgroup.CgroupUnavailable` says why."""
         self._prepared = True
-        self.containment, self.leaf = first_home(self.containment, f"hold-{self.tree_id}", mode)
+        # Signals wait until the leaf is written down here: a handler that
+        # raises (hold run's SIGTERM) between the mkdir and that would leave a
+        # leaf that no scope of ours removes (once in 8 suites on a busy host,
+        # a waiter stopped as it was granted).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            self.containment, self.leaf = first_home(self.containment, f"hold-{self.tree_id}", mode)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return self.leaf
 
     def discard(self) -> None:
