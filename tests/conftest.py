@@ -72,8 +72,23 @@ def isolated_hold(
         yield from _isolated(tmp_path, state, own_nodes, monkeypatch)
 
 
+# How long a test on the machine's own devices may wait for them (see
+# _machine_devices_to_ourselves); its timeout is longer by as much.
+DEVICES_WAIT = 240.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("real_devices") is None:
+            continue
+        mark = item.get_closest_marker("timeout")
+        own = mark.args[0] if mark is not None and mark.args else item.config.getini("timeout")
+        own = float(own)
+        item.add_marker(pytest.mark.timeout(own + DEVICES_WAIT), append=False)
+
+
 @contextlib.contextmanager
-def _machine_devices_to_ourselves(timeout: float = 240.0) -> Iterator[None]:
+def _machine_devices_to_ourselves(timeout: float = DEVICES_WAIT) -> Iterator[None]:
     """One test at a time on the machine's own devices, across every run of this
     suite on the machine. Each test's daemon has a lock directory of its own,
     so two suites' daemons could lease one real GPU at once; and when a lease
