@@ -151,10 +151,17 @@ def test_liveness_restarts_a_unit_that_stops_answering(tmp_path: Path) -> None:
         "  api:\n"
         "    cmd: [sh, -c, 'echo $$ >> pids; echo UP; exec sleep 60']\n"
         "    ready: {log: UP}\n"
-        # A generous timeout: a check that times out under load is a failure
-        # too, and restarts the unit before "sick" (up to its max: then the
-        # stack ends, and hold ps says it is not running).
-        "    liveness: {exec: 'test ! -e sick', period: 100ms, timeout: 10s, failures: 2}\n"
+        # Sick for exactly two checks: the probe itself ends it, so the
+        # restarted unit is well whenever the test looks (a unit still sick
+        # after its restart is restarted again, up to its max, then the stack
+        # ends: a test that ended the sickness itself could look too late).
+        # A generous timeout: a check that times out under load is a failure too.
+        "    liveness:\n"
+        "      exec: 'test ! -e sick || "
+        "{ echo x >> fails; [ $(wc -l < fails) -lt 2 ] || rm sick; exit 1; }'\n"
+        "      period: 100ms\n"
+        "      timeout: 10s\n"
+        "      failures: 2\n"
         "    restart: {policy: on-failure, max: 3, backoff: 100ms}\n",
     )
     res = hold("up", "--detach", str(path))
@@ -168,9 +175,13 @@ def test_liveness_restarts_a_unit_that_stops_answering(tmp_path: Path) -> None:
 
         wait_for(lambda: api()["liveness"] == "ok", 10, what="a first good check")
         sick.touch()
-        wait_for(lambda: api()["restarts"] == 1, 15, what="the restart")
-        sick.unlink()
-        wait_for(lambda: api()["state"] == "ready" and api()["liveness"] == "ok", 15, what="ok")
+
+        def well_again() -> bool:
+            now = api()
+            return now["restarts"] == 1 and now["state"] == "ready" and now["liveness"] == "ok"
+
+        wait_for(well_again, 15, what="one restart, then ready and well")
+        assert not sick.exists() and (tmp_path / "fails").read_text() == "x\nx\n"
         first, second = (tmp_path / "pids").read_text().split()[:2]
         assert first != second
         # The detached supervisor's own account of it.
