@@ -875,6 +875,37 @@ def test_every_look_at_a_fork_loop_in_walk_mode_finds_it_on_a_busy_machine(
     assert report.ok and report.outcome == "killed", report.summary()
 
 
+def _ticks_now() -> int:
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def test_a_child_of_ours_older_than_the_tree_is_never_adopted() -> None:
+    """Where a tree's orphans come to us, a child of ours that no spawn made is
+    the tree's only if it started with the tree or after: an older one was
+    ours before the tree began (a look took it for an orphan of the tree,
+    and the stop killed it)."""
+    older = subprocess.Popen(["sleep", "60"])
+    younger: subprocess.Popen[bytes] | None = None
+    try:
+        since = read_stat(older.pid).starttime + 1
+        wait_for(lambda: _ticks_now() > since, 5, what="the next clock tick")
+        younger = subprocess.Popen(["sleep", "60"])
+        assert read_stat(younger.pid).starttime >= since
+        tree = Tree("older-child", None, None, None, adopts_orphans=True, since=since)
+        members = tree.look()[1]
+        assert older.pid not in members, members[older.pid]
+        assert younger.pid in members and members[younger.pid].found_by == ("adopted",)
+        report = stop_tree(tree, grace=5)
+        assert report.ok and [m.pid for m in report.stopped] == [younger.pid], report.summary()
+        assert older.poll() is None, "the older child was stopped with the tree"
+    finally:
+        for p in (older, younger):
+            if p is not None:
+                p.kill()
+                p.wait(timeout=10)
+
+
 @pytest.mark.parametrize("cgroup_mode", ["cgroup"], indirect=True)
 def test_members_that_move_to_another_cgroup_are_found_and_stopped(
     start: Callable[..., Started], cgroup_mode: str

@@ -365,6 +365,16 @@ class Tree:
                 break
         return out
 
+    def _adopted(self, st: Stat, me: int) -> bool:
+        # An orphan of the tree: a child of ours that no spawn made, and no
+        # older than the tree (an older one was ours before the tree began).
+        return (
+            self.adopts_orphans
+            and st.ppid == me
+            and st.starttime >= self.since
+            and not self.spawned_here(st.pid)
+        )
+
     def _carries_marker(self, st: Stat) -> bool:
         return (
             st.starttime >= self.since
@@ -412,7 +422,7 @@ class Tree:
                 add(st.pid, "group")
             if self.sid is not None and st.session == self.sid and self._plausible(st):
                 add(st.pid, "session")
-            if self.adopts_orphans and st.ppid == me and not self.spawned_here(st.pid):
+            if self._adopted(st, me):
                 add(st.pid, "adopted")
         for pid in marked:
             add(pid, "marker")
