@@ -52,8 +52,8 @@ import hold_supervisor.proc.stop as stop_mod
 from hold_supervisor.environ import MARKER, minimal_env
 from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf
 from hold_supervisor.proc.identity import AccessDenied, NoSuchProcess, ProcessId
-from hold_supervisor.proc.reaper import become_subreaper
-from hold_supervisor.proc.stop import StopReport, reap_adopted, stop_tree
+from hold_supervisor.proc.reaper import become_subreaper, reap_adopted
+from hold_supervisor.proc.stop import StopReport, stop_tree
 from hold_supervisor.proc.tree import Tree
 from hold_supervisor.spawn.child import Child, owned_pids, spawn
 

@@ -666,7 +666,7 @@ def test_a_child_that_exits_at_once_is_never_reaped_as_an_orphan() -> None:
     status, and spawn never fails. Before the spawned pids were written down
     under a lock, the reaper could take one for an orphan and reap it between
     the fork and the note (the spawn then failed with NoSuchProcess)."""
-    from hold_supervisor.proc.stop import reap_adopted
+    from hold_supervisor.proc.reaper import reap_adopted
 
     env = minimal_env(os.environ, tree_id=f"t-reap-{uuid.uuid4().hex[:12]}")
     stop = threading.Event()

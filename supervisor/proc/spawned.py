@@ -3,7 +3,7 @@
 A child subreaper (:mod:`hold_supervisor.proc.reaper`) has two kinds of
 children: those a spawn made, each reaped by its own
 :class:`~hold_supervisor.spawn.child.Child`, and the orphans of its trees, which
-it reaps itself (:func:`hold_supervisor.proc.stop.reap_adopted`) and which
+it reaps itself (:func:`hold_supervisor.proc.reaper.reap_adopted`) and which
 belong to a tree ("adopted"). A pid is known to be spawned only once the spawn
 has returned it, so a spawn holds :func:`registering` from before the fork
 until the pid is written down, and every "is this child ours" question waits

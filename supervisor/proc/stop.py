@@ -57,8 +57,9 @@ import signal
 import time
 from collections.abc import Iterable
 
-from hold_supervisor.proc import scan, spawned
+from hold_supervisor.proc import scan
 from hold_supervisor.proc.identity import AccessDenied, Handle, NoSuchProcess, ProcessId, Stat
+from hold_supervisor.proc.reaper import reap_adopted
 from hold_supervisor.proc.survivors import (
     Holder,
     Nodes,
@@ -264,26 +265,6 @@ def _own_group(tree: Tree, procs: dict[int, Stat], members: dict[int, Member]) -
     return None
 
 
-def reap_adopted(owned: frozenset[int]) -> None:
-    """Reap zombie children that this process adopted as a subreaper.
-
-    Only pids known to be zombies and not owned by a :class:`~hold_supervisor.spawn.child.Child`
-    are waited for, one by one: never ``waitpid(-1)``, which would steal
-    the exit status of a child that someone else is waiting for.
-    """
-    for pid in scan.children_of_self():
-        if pid in owned:
-            continue
-        st = scan.stat_of(pid)
-        # Asked after the zombie is seen: a spawn that made it has written it
-        # down by then (hold_supervisor.proc.spawned), a snapshot may predate it.
-        if st is not None and st.is_dead and not spawned.is_spawned(pid):
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-
-
 def stop_tree(
     tree: Tree,
     *,
@@ -428,6 +409,5 @@ __all__ = [
     "Survivor",
     "SurvivorCheck",
     "check_survivors",
-    "reap_adopted",
     "stop_tree",
 ]

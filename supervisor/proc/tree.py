@@ -51,6 +51,7 @@ from hold_supervisor.proc.identity import (
     Stat,
     read_cmdline,
 )
+from hold_supervisor.proc.reaper import reap_orphan
 
 # One look: the processes read, and the members among them.
 Look = tuple[dict[int, Stat], dict[int, "Member"]]
@@ -354,13 +355,7 @@ class Tree:
                 if st is None:
                     continue
                 out[pid] = st
-                # Asked after the zombie is seen: a spawn that made it has
-                # written it down by then (hold_supervisor.proc.spawned).
-                if st.is_dead and not self.spawned_here(pid):
-                    try:
-                        reaped = os.waitpid(pid, os.WNOHANG)[0] == pid or reaped
-                    except ChildProcessError:
-                        pass
+                reaped = reap_orphan(pid, st) or reaped
             if not reaped:
                 break
         return out

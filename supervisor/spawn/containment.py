@@ -27,8 +27,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf
-from hold_supervisor.proc.reaper import become_subreaper
-from hold_supervisor.proc.stop import reap_adopted
+from hold_supervisor.proc.reaper import become_subreaper, reap_adopted
 from hold_supervisor.proc.tree import Tree, move_into
 
 # How often an adopted job's walked tree is looked at while it runs (seconds).
