@@ -6,11 +6,11 @@ most :data:`SOAK_MAX`): :data:`LOOPS` client loops run ``hold run`` on
 one device, half of their commands opening the node for a moment (as a job
 would) and half not (a lease that did not open the node ends without a scan,
 so the next grant is the kernel's count's to prove), and some of the clients
-are SIGKILLed at a random moment; a stray opens the
-node outside any lease every :data:`STRAY_EVERY` seconds and holds it for
-about a second; the daemon is SIGKILLed every :data:`DAEMON_KILL_EVERY`
-seconds once it has granted something (the next client starts another: on
-a machine with many processes its first scan takes a while).
+are SIGKILLed at a random moment; a stray opens the node outside any lease
+every :data:`STRAY_EVERY` seconds and holds it for about a second; the
+daemon is SIGKILLed every :data:`DAEMON_KILL_EVERY` seconds once it has
+granted something (the next client starts another: on a machine with many
+processes its first scan takes a while).
 
 Each stray writes the time it had the node open, and every 50 ms while it
 still holds it (wall clock): from the first to the last it surely held it.
