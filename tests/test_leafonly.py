@@ -103,6 +103,11 @@ def _tree(tree_id: str, child: Child, leaf: Leaf | None, born_in_leaf: bool) -> 
     )
 
 
+def _comm(pid: int) -> str | None:
+    st = procscan.stat_of(pid)
+    return None if st is None else st.comm
+
+
 def _kill(*children: Child) -> None:
     for c in children:
         if c.poll() is None:
@@ -127,6 +132,10 @@ def test_a_tree_born_in_its_leaf_is_stopped_without_a_walk(
     try:
         escapee = wait_for(lambda: ready.exists() and ready.read_text().strip(), what="the escapee")
         esc = ProcessId.of(int(escapee))
+        # The shell holds what it saved of its stdout (a descriptor above 2)
+        # while its echo's redirection lasts: a stop then would rightly look
+        # for other holders of that file, by a walk (1 run in 48 under load).
+        wait_for(lambda: _comm(child.pid) == "sleep", what="the shell to exec sleep")
         assert sorted(leaf.pids()) == sorted([child.pid, esc.pid])
         tree = _tree(tree_id, child, leaf, born_in_leaf)
         walks = _Walks(monkeypatch)
