@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import itertools
 import json
 import os
@@ -18,7 +19,6 @@ import signal
 import stat
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import uuid
@@ -639,25 +639,23 @@ def unpriv_runtime(tmp_path_factory: pytest.TempPathFactory, unpriv_user: str) -
 
 
 def _fill_runtime(base: Path) -> Path:
-    site = Path(sysconfig.get_paths()["purelib"])
     # The folder supervisor/ imports as hold_supervisor (pyproject's package-dir).
     for folder, pkg in (("hold", "hold"), ("supervisor", "hold_supervisor")):
         shutil.copytree(ROOT / folder, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    deps = (
-        "psutil",
-        "yaml",
-        "_yaml",
-        "click",
-        "filelock",
-        "structlog",
-        "typing_extensions.py",
-    )
-    for pkg in deps:
-        src = site / pkg
-        if src.is_dir():
-            shutil.copytree(src, base / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.is_file():
-            shutil.copy(src, base / pkg)
+    # Each dependency from wherever this Python imports it: a venv's own
+    # site-packages, or one it reaches through a .pth (the lent GPU machine's
+    # venv over the image's packages).
+    for name in ("psutil", "yaml", "_yaml", "click", "filelock", "structlog", "typing_extensions"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue  # optional here (_yaml: PyYAML built without libyaml)
+        origin = Path(spec.origin)
+        if spec.submodule_search_locations:
+            shutil.copytree(
+                origin.parent, base / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy(origin, base / origin.name)
     shutil.copytree(PROGS, base / "progs")
     _open_to_all(base)
     subprocess.run(["chmod", "-R", "a+rX", str(base)], check=True)

@@ -4,6 +4,8 @@
   (from NVML, by the node's minor number) and torch's device 0 is that GPU.
 - A CUDA process outside any lease keeps ``gpu-hold`` off its GPU and is named.
 - ``--no-wait`` on a free GPU is granted.
+- A CUDA process that opens a GPU after a grant the count answered keeps
+  the next grant off.
 
 The class is the GPU nodes alone (``/dev/nvidia[0-9]*``), so that the leased
 device is an NVIDIA node whatever else (``/dev/dri``) the machine has.
@@ -261,3 +263,56 @@ def _ids(user: str) -> tuple[int, int]:
 
     pw = pwd.getpwnam(user)
     return pw.pw_uid, pw.pw_gid
+
+
+@pytest.mark.timeout(300)
+def test_a_cuda_process_that_opens_the_gpu_after_a_counted_grant_is_seen(
+    gpu_class: list[str], isolated_hold: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The count on a real GPU node: once a scan has seen the GPU empty, the
+    next grant needs only the kernel's count of its open files (the daemon's
+    log says ``check: count``); a CUDA process that opens the node after that
+    must keep the next grant off (exit 75, named), and once it ends the GPU
+    is granted again. Where inotify does not see the driver's opens, the
+    count would say empty: this is the test that would show it."""
+    from hold.daemon.occupancy import holders_of
+    from hold.devices.classes import DeviceClass
+    from hold.devices.gpuids import nvidia_minor
+
+    py = torch_python()
+    cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))
+    free = [i for i in range(len(gpu_class)) if not holders_of(cls, [i]).get(i)]
+    if not free:
+        pytest.skip("every GPU here is held by someone")
+    index = free[0]
+
+    def grant() -> subprocess.CompletedProcess[str]:
+        return hold_run("--device", f"gpu:{index}", "--no-wait", "--", "true")
+
+    def checks() -> list[str]:
+        out = []
+        for line in (isolated_hold / "state" / "daemon.log").read_text().splitlines():
+            if line.startswith("{"):
+                ev = json.loads(line)
+                if ev.get("event") == "granted":
+                    out.append(ev["check"])
+        return out
+
+    assert grant().returncode == 0  # the scan that starts the count
+    second = grant()
+    assert second.returncode == 0, second.stderr
+    assert checks()[-1] == "count", checks()
+    minor = nvidia_minor(gpu_class[index])
+    assert minor is not None
+    hog, pid = start_hog(py, uuid_by_minor()[minor])
+    try:
+        refused = grant()
+    finally:
+        stop(hog)
+    again = grant()
+    with capsys.disabled():
+        print(f"\ngpu:{index} checks {checks()}; CUDA pid {pid}: exit {refused.returncode}")
+        print(f"  {refused.stderr.strip()}")
+    assert refused.returncode == 75, refused.stderr
+    assert f"pid {pid}" in refused.stderr, refused.stderr
+    assert again.returncode == 0, again.stderr
