@@ -86,6 +86,18 @@ def uuid_by_minor() -> dict[int, str]:
         pynvml.nvmlShutdown()
 
 
+def first_free_gpu(gpu_class: list[str]) -> int:
+    """The index of the first GPU no process holds, or skip: the tests need one."""
+    from hold.daemon.occupancy import holders_of
+    from hold.devices.classes import DeviceClass
+
+    cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))
+    for i in range(len(gpu_class)):
+        if not holders_of(cls, [i]).get(i):
+            return i
+    pytest.skip("every GPU here is held by someone")
+
+
 def hold_run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*HOLD, "run", *args], capture_output=True, text=True, timeout=timeout)
 
@@ -170,17 +182,12 @@ def test_cuda_holder_outside_any_lease_blocks_and_is_named(
 def test_no_wait_on_a_free_gpu_is_granted(
     gpu_class: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hold.daemon.occupancy import holders_of
-    from hold.devices.classes import DeviceClass
 
     uuid_by_minor()  # NVML there, or skip: the UUID is what is checked
-    cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))
-    free = [i for i in range(len(gpu_class)) if not holders_of(cls, [i]).get(i)]
-    if not free:
-        pytest.skip("every GPU here is held by someone")
+    index = first_free_gpu(gpu_class)
     res = hold_run(
         "--device",
-        f"gpu:{free[0]}",
+        f"gpu:{index}",
         "--no-wait",
         "--",
         "sh",
@@ -189,11 +196,11 @@ def test_no_wait_on_a_free_gpu_is_granted(
     )
     with capsys.disabled():
         print(
-            f"\n--no-wait on gpu:{free[0]}: exit {res.returncode}: "
+            f"\n--no-wait on gpu:{index}: exit {res.returncode}: "
             f"{res.stdout.strip()} {res.stderr.strip()}"
         )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith(f"gpu:{free[0]} GPU-")
+    assert res.stdout.startswith(f"gpu:{index} GPU-")
 
 
 @pytest.mark.timeout(300)
@@ -208,16 +215,10 @@ def test_a_users_own_daemon_takes_nvml_as_its_witness(
 
     from conftest import as_user, stop_daemon, unpriv_python
 
-    from hold.daemon.occupancy import holders_of
-    from hold.devices.classes import DeviceClass
     from hold.devices.gpuids import nvidia_minor
 
     py = torch_python()
-    cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))
-    free = [i for i in range(len(gpu_class)) if not holders_of(cls, [i]).get(i)]
-    if not free:
-        pytest.skip("every GPU here is held by someone")
-    index = free[0]
+    index = first_free_gpu(gpu_class)
     base = Path(tempfile.mkdtemp(prefix="hold-nvml-witness-", dir="/tmp"))
     base.chmod(0o755)
     (base / "locks").mkdir(mode=0o1777)
@@ -275,16 +276,10 @@ def test_a_cuda_process_that_opens_the_gpu_after_a_counted_grant_is_seen(
     must keep the next grant off (exit 75, named), and once it ends the GPU
     is granted again. Where inotify does not see the driver's opens, the
     count would say empty: this is the test that would show it."""
-    from hold.daemon.occupancy import holders_of
-    from hold.devices.classes import DeviceClass
     from hold.devices.gpuids import nvidia_minor
 
     py = torch_python()
-    cls = DeviceClass("gpu", ("/dev/nvidia[0-9]*",))
-    free = [i for i in range(len(gpu_class)) if not holders_of(cls, [i]).get(i)]
-    if not free:
-        pytest.skip("every GPU here is held by someone")
-    index = free[0]
+    index = first_free_gpu(gpu_class)
 
     def grant() -> subprocess.CompletedProcess[str]:
         return hold_run("--device", f"gpu:{index}", "--no-wait", "--", "true")
