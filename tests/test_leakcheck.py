@@ -49,17 +49,24 @@ def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
 
 
 def test_signals_check_catches_a_blocked_signal_and_an_ignored_one(tmp_path: Path) -> None:
-    """A test that leaves SIGUSR1 blocked and SIGINT ignored fails, and the next
-    test of the same process starts with both as they were."""
+    """A test that flips SIGUSR1's blocking and SIGINT's disposition fails, and the
+    next test of the same process starts with both as they were.
+
+    "As they were" is what the child inherited, not Python's defaults: a
+    run started from a background job of a script (``cmd &``) or under
+    ``nohup`` inherits SIGINT ignored, and Python then leaves it so."""
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_signals.py").write_text(
         "import signal\n"
+        "MASK = signal.pthread_sigmask(signal.SIG_BLOCK, ())\n"
+        "INT = signal.getsignal(signal.SIGINT)\n"
         "def test_a_leaves_them():\n"
-        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
-        "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "    signal.pthread_sigmask(signal.SIG_SETMASK, MASK ^ {signal.SIGUSR1})\n"
+        "    other = signal.SIG_DFL if INT is signal.SIG_IGN else signal.SIG_IGN\n"
+        "    signal.signal(signal.SIGINT, other)\n"
         "def test_b_finds_them_back():\n"
-        "    assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, ())\n"
-        "    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+        "    assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == MASK\n"
+        "    assert signal.getsignal(signal.SIGINT) is INT\n"
     )
     res = subprocess.run(
         child_pytest(tmp_path), capture_output=True, text=True, timeout=60, cwd=tmp_path
