@@ -351,13 +351,21 @@ class Locks:
                     self.fds[key] = fd
 
     def release_unused(self, used: set[str]) -> None:
-        """Let go of every lock not in ``used`` (its record emptied: that lease is over)."""
+        """Let go of every lock not in ``used`` (its record emptied: that lease is over).
+
+        Unlocked, not only closed: the client holds a descriptor of the same
+        open file description (its copy for the daemon's death), and a close
+        leaves the flock to that copy. A client stopped (SIGSTOP) past its
+        lease's end would then keep the device from everyone who asks after
+        it (they are told the lock is held outside any lease). ``LOCK_UN``
+        on any descriptor of the description lets go for all of them."""
         for key in [k for k in self.fds if k not in used]:
             fd = self.fds.pop(key)
             try:
                 os.ftruncate(fd, 0)
             except OSError:
                 pass
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
     def take_back(self, key: str, fds: list[int]) -> None:
