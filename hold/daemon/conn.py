@@ -79,6 +79,7 @@ class Conn:
         "session",
         "sock",
         "uid",
+        "unhandled",
         "want_write",
     )
 
@@ -95,6 +96,9 @@ class Conn:
         self.uid = uid
         self.pidfd = pidfd
         self.buf = LineBuffer()
+        # Requests read but not yet handled: a client that sends many at once
+        # has them handled a few a turn (the daemon's PER_TURN), between others'.
+        self.unhandled: collections.deque[Message] = collections.deque()
         self.session: SessionRec | None = None
         self.request: Request | None = None
         self.last_note: Any = None

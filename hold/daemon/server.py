@@ -55,6 +55,7 @@ from hold_supervisor.stack.notify import tell_systemd
 
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 NODE_EVENTS_PAUSE = 0.25  # seconds the loop looks away from the node events after a read
+PER_TURN = 32  # requests of one client handled in a turn of the loop, before the others' turn
 
 
 class DaemonStartFailed(HoldError):
@@ -95,6 +96,7 @@ class Daemon:
         self.idle_since: float | None = None
         self.lock_fd: int | None = None  # the state directory's daemon lock, held for life
         self.nodes_resume_at: float | None = None  # when the node events are read again
+        self.behind: set[Conn] = set()  # connections with requests read and not yet handled
 
     # ------------------------------------------------------------------ life
 
@@ -197,7 +199,7 @@ class Daemon:
             elif kind == "conn":
                 if mask & selectors.EVENT_WRITE and not obj.closed:
                     obj.flush()
-                if mask & selectors.EVENT_READ and not obj.closed:
+                if mask & selectors.EVENT_READ and not obj.closed and not obj.unhandled:
                     self._on_readable(obj)
             elif kind == "wake":
                 drain(wake_r)
@@ -207,6 +209,8 @@ class Daemon:
                 self.grants.on_blocker_exit(key.fd)
             elif kind == "nodes":
                 self._on_node_events()
+        for conn in list(self.behind):
+            self._handle_some(conn)
         self.grants.finish_locks()
         self.grants.finish_checks()
         self.endings.finish()
@@ -335,16 +339,31 @@ class Daemon:
             self._on_close(conn)
             return
         try:
-            msgs = conn.buf.feed(data)
-            for msg in msgs:
-                if conn.closed or conn.overflow:
+            conn.unhandled.extend(conn.buf.feed(data))
+        except Exception as e:
+            self._on_bad_request(conn, e)
+            return
+        if conn.unhandled:
+            self.behind.add(conn)
+
+    def _handle_some(self, conn: Conn) -> None:
+        """Handle up to :data:`PER_TURN` of ``conn``'s requests; the rest wait for
+        the next turn. A client that sends thousands at once (and never reads
+        the answers) had them all handled in one turn: about a second of the
+        daemon's CPU while everyone else waited (2.4 s for one status, beside
+        busy loops). Its socket is not read again until they are all handled."""
+        try:
+            for _ in range(PER_TURN):
+                if not conn.unhandled or conn.closed or conn.overflow:
                     break
-                self.ops.dispatch(conn, msg)
+                self.ops.dispatch(conn, conn.unhandled.popleft())
                 conn.close_fds()  # only the message they came with may take them
         except Exception as e:
             # Whatever one client sends ends that client's connection, never
             # the daemon: other users' leases and trees depend on it.
             self._on_bad_request(conn, e)
+        if not conn.unhandled or conn.closed or conn.overflow:
+            self.behind.discard(conn)
 
     def _on_bad_request(self, conn: Conn, e: Exception) -> None:
         conn.close_fds()
@@ -383,6 +402,8 @@ class Daemon:
         except (KeyError, ValueError):
             return  # already closed (a bad message ends its connection once)
         conn.closed = True
+        conn.unhandled.clear()
+        self.behind.discard(conn)
         left = self.st.conns_of.get(conn.uid, 0) - 1
         if left > 0:
             self.st.conns_of[conn.uid] = left
@@ -407,6 +428,8 @@ class Daemon:
     # ----------------------------------------------------------------- timers
 
     def _next_timeout(self) -> float | None:
+        if self.behind:
+            return 0.0  # requests read and not yet handled: the next turn is now
         now_wall, now_mono = time.time(), time.monotonic()
         deadlines = [
             s.lease.expires - now_wall
