@@ -106,13 +106,17 @@ class TokenFile(Document):
 # ---------------------------------------------------------------------- lock records
 
 
+LAST_EPOCH = 253402300800.0  # 10000-01-01T00:00:00Z: the last time a clock shows is before it
+
+
 @dataclass(frozen=True, slots=True)
 class LockRecord(Document):
     """Whose lease holds a machine-wide device lock (:mod:`hold.daemon.devlock`).
 
     Anyone may write the file: it informs and authorises nothing, and is
-    decoded within :data:`MAX_SIZE` bytes; a number beyond 64 bits is refused
-    and each text is kept to :data:`TEXT_SHOWN` characters."""
+    decoded within :data:`MAX_SIZE` bytes; a number beyond 64 bits, or a time
+    before 1970 or after the year 9999, is refused and each text is kept to
+    :data:`TEXT_SHOWN` characters."""
 
     KIND = "lock"
     VERSION = 1
@@ -157,6 +161,14 @@ class LockRecord(Document):
                 raise BadDocument(f"{f.where}: field {name!r} is beyond 64 bits")
             return v
 
+        def epoch(name: str) -> float:
+            # A time a daemon writes: from 1970 to the year 9999. Anything else
+            # (finite, within 64 bits) breaks every clock that shows it.
+            v = f.number(name)
+            if not 0 <= v < LAST_EPOCH:
+                raise BadDocument(f"{f.where}: field {name!r} is no time a daemon writes")
+            return v
+
         def text(name: str) -> str:
             return f.text(name)[:TEXT_SHOWN]
 
@@ -166,8 +178,8 @@ class LockRecord(Document):
             text("user"),
             int64("pid"),
             int64("start"),
-            f.number("since"),
-            f.number("until"),
+            epoch("since"),
+            epoch("until"),
             text("lease"),
             text("cls"),
             text("arbiter"),

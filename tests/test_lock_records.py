@@ -12,9 +12,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from conftest import HOLD
 
 from hold.daemon import devlock
@@ -87,6 +89,30 @@ def test_a_record_with_nan_breaks_nothing(isolated_hold: Path) -> None:
         assert "Traceback" not in res.stderr, res.stderr
         assert f"locked by pid {os.getpid()}" in res.stderr, res.stderr
         assert " nan" not in res.stderr.lower() and "inf" not in res.stderr.lower(), res.stderr
+        _views_work()
+
+
+@pytest.mark.parametrize(
+    "times",
+    [{"since": 1e300, "until": 1e300}, {"since": 2**62, "until": 2**62}, {"until": -1e18}],
+    ids=["1e300", "2**62", "long ago"],
+)
+def test_a_record_with_a_time_no_clock_can_show_breaks_nothing(
+    isolated_hold: Path, times: dict[str, float]
+) -> None:
+    """Finite, within 64 bits, and still no time a daemon writes (beyond year
+    9999, before 1970): the record is refused whole, as one with NaN is, and
+    the kernel's holder is what is said. Believed, it crashed every view that
+    shows its time (time.localtime: "timestamp out of range")."""
+    now = time.time()
+    record: dict[str, object] = {"user": "u", "label": "l", "pid": 1, "lease": "x", "cls": "npu"}
+    record |= {"uid": 0, "start": 1, "since": now, "until": now + 60, "arbiter": "a"}
+    record |= {"daemon_pid": os.getpid(), **times}
+    with locked_with(isolated_hold, json.dumps(record).encode()):
+        res = _no_wait()
+        assert res.returncode == 75, res.stderr
+        assert "Traceback" not in res.stderr, res.stderr
+        assert f"locked by pid {os.getpid()}" in res.stderr, res.stderr
         _views_work()
 
 
