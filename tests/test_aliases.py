@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import HOLD, update_config, wait_for
+from conftest import HOLD, holds_node, update_config, wait_for, wait_in_line
 
 
 def _run(*args: str) -> subprocess.Popen[str]:
@@ -49,3 +49,39 @@ def test_a_device_named_by_two_classes_passes_between_them(
         assert time.monotonic() - start < 25
     finally:
         holder.wait(30)
+
+
+def test_a_stray_on_a_device_of_two_classes_is_waited_out_by_either(
+    isolated_hold: Path, tmp_path: Path
+) -> None:
+    """A process outside any lease holds ``a0``: ``npu`` is refused (the device
+    is held), and a waiter of ``other`` is granted once the stray ends -- its
+    end is the daemon's event for every class that names the device, not only
+    for the class whose scan found it."""
+    a0 = tmp_path / "a0"
+    a0.write_text("")
+    os.link(a0, tmp_path / "alias0")
+    update_config(
+        isolated_hold,
+        devices={"npu": {"nodes": [str(a0)]}, "other": {"nodes": [str(tmp_path / "alias0")]}},
+    )
+    stray = subprocess.Popen(["sh", "-c", f'exec sleep 120 3<"{a0}"'])
+    try:
+        wait_for(lambda: holds_node(stray.pid, a0), 10, what="the stray to hold a0")
+        busy = subprocess.run(
+            [*HOLD, "run", "--device", "npu", "--no-wait", "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert busy.returncode == 75 and str(stray.pid) in busy.stderr, busy.stderr
+        waiter = _run("--device", "other", "--wait-timeout", "30s", "--", "true")
+        wait_in_line("other", 1)
+        stray.kill()
+        stray.wait(10)
+        code = waiter.wait(40)
+        assert code == 0, waiter.stderr.read() if waiter.stderr else ""
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait(10)

@@ -74,7 +74,7 @@ class Grants:
             if req in q:
                 q.remove(req)
                 # Its reservation is gone: someone behind it may go now.
-                self.schedule(cls)
+                self.schedule_sharing(cls)
                 return
 
     def sharing(self, cls: str) -> list[str]:
@@ -82,6 +82,17 @@ class Grants:
         a hard link, a second path: one device, one key, whichever class names it)."""
         mine = set(self.st.keys[cls])
         return [c for c, keys in self.st.keys.items() if c != cls and mine & set(keys)]
+
+    def schedule_sharing(self, cls: str, empty: frozenset[int] = frozenset()) -> None:
+        """:meth:`schedule` ``cls``, then every class that names one of its devices.
+
+        For what may free a device or a place in line (a lease's end, a check's
+        end, a stray's exit, a request gone): the device is one, whichever class
+        named it, and a waiter of another class waited at "being checked" for
+        ever when only the class at hand moved (issue 24)."""
+        self.schedule(cls, empty)
+        for other in self.sharing(cls):
+            self.schedule(other)
 
     def schedule(self, cls: str, empty: frozenset[int] = frozenset()) -> None:
         """Grant (or scan, then grant) what the line of ``cls`` can have now.
@@ -208,7 +219,7 @@ class Grants:
                 self.verifying.pop((cls, i), None)
             req.checking = None
             if req not in self.queues[cls]:  # the client left meanwhile
-                self.schedule(cls)
+                self.schedule_sharing(cls)
                 continue
             if unproven is not None:
                 # Waiting cannot change it (issue 24): refused, saying why and what to do.
@@ -221,7 +232,7 @@ class Grants:
                 self._hold_back(cls, req, devices, found)
             else:
                 self._grant_checked(cls, req, devices, found)
-            self.schedule(cls)
+            self.schedule_sharing(cls)
 
     def _hold_back(
         self, cls: str, req: Request, devices: list[int], found: dict[int, Holders]
@@ -294,7 +305,7 @@ class Grants:
         key = self.blocker_fds.get(fd)
         if key is not None:
             self.unblock(key)  # the next grant scans it again
-            self.schedule(key[0])
+            self.schedule_sharing(key[0])
 
     # ---------------------------------------------------------------- grants
 
@@ -362,7 +373,7 @@ class Grants:
             except (UnsafePath, OSError):
                 pass  # the symlink we refused to write through stays as it was
         self.st.save()
-        self.schedule(cls)
+        self.schedule_sharing(cls)
 
     def _lock_record(self, s: SessionRec) -> LockRecord:
         """What a lock file says of its lease, for waiters served by other arbiters."""

@@ -208,11 +208,7 @@ class Endings:
             owner.session = None
         saves = self.st.saves
         if cls is not None:
-            self.grants.schedule(cls, empty)
-            # Its devices are free for the waiters of every class that names them
-            # (they waited at "being checked" for ever, issue 24).
-            for other in self.grants.sharing(cls):
-                self.grants.schedule(other)
+            self.grants.schedule_sharing(cls, empty)
         if self.st.saves == saves:
             # One write of the state per handoff: a grant just made wrote this
             # session's end with it (a crash before either write only means
