@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import HOLD, holds_node, update_config, wait_for, wait_in_line
 
 
@@ -20,9 +21,9 @@ def _run(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_a_device_named_by_two_classes_passes_between_them(
-    isolated_hold: Path, tmp_path: Path
-) -> None:
+@pytest.fixture
+def a0(isolated_hold: Path, tmp_path: Path) -> Path:
+    """The node ``a0`` in class ``npu``, and its hard link ``alias0`` in class ``other``."""
     a0 = tmp_path / "a0"
     a0.write_text("")
     os.link(a0, tmp_path / "alias0")
@@ -30,6 +31,10 @@ def test_a_device_named_by_two_classes_passes_between_them(
         isolated_hold,
         devices={"npu": {"nodes": [str(a0)]}, "other": {"nodes": [str(tmp_path / "alias0")]}},
     )
+    return a0
+
+
+def test_a_device_named_by_two_classes_passes_between_them(a0: Path, tmp_path: Path) -> None:
     first = tmp_path / "first"
     holder = _run("--device", "npu", "--", "sh", "-c", f"touch {first}; sleep 2")
     try:
@@ -51,20 +56,11 @@ def test_a_device_named_by_two_classes_passes_between_them(
         holder.wait(30)
 
 
-def test_a_stray_on_a_device_of_two_classes_is_waited_out_by_either(
-    isolated_hold: Path, tmp_path: Path
-) -> None:
+def test_a_stray_on_a_device_of_two_classes_is_waited_out_by_either(a0: Path) -> None:
     """A process outside any lease holds ``a0``: ``npu`` is refused (the device
     is held), and a waiter of ``other`` is granted once the stray ends -- its
     end is the daemon's event for every class that names the device, not only
     for the class whose scan found it."""
-    a0 = tmp_path / "a0"
-    a0.write_text("")
-    os.link(a0, tmp_path / "alias0")
-    update_config(
-        isolated_hold,
-        devices={"npu": {"nodes": [str(a0)]}, "other": {"nodes": [str(tmp_path / "alias0")]}},
-    )
     stray = subprocess.Popen(["sh", "-c", f'exec sleep 120 3<"{a0}"'])
     try:
         wait_for(lambda: holds_node(stray.pid, a0), 10, what="the stray to hold a0")
