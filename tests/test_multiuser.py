@@ -569,6 +569,41 @@ def test_a_lock_file_planted_by_someone_never_hangs_and_root_takes_it_back(
     assert time.monotonic() - t0 < 1.0
 
 
+@pytest.mark.parametrize("planted", ["0600 file", "fifo"])
+def test_a_lock_file_planted_by_another_user_is_shown_unusable_not_free(
+    world: World, planted: str
+) -> None:
+    """User B makes the device's lock file theirs alone (0600), or a FIFO, before
+    anyone: user A's own daemon cannot open it, so the device cannot be granted
+    (exit 75, the file named, no hang) -- and ``hold status`` says so rather
+    than "free" (it said free, issue 24). Root's daemon takes such a file back
+    (the test above)."""
+    a_user, b_user = world.users
+    lock = world.lock_file()
+    if lock.exists():
+        pytest.skip(f"{lock} exists already (another run's): not ours to plant over")
+    pw = pwd.getpwnam(b_user)
+    if planted == "fifo":
+        os.mkfifo(lock, 0o600)
+    else:
+        lock.write_text("")
+        lock.chmod(0o600)
+    os.chown(lock, pw.pw_uid, pw.pw_gid)
+    t0 = time.monotonic()
+    res = world.run(a_user, "run", "-d", "npu", "--no-wait", "--", "true")
+    assert res.returncode == 75, res.stderr
+    assert str(world.lock_file().name) in res.stderr and "cannot be locked" in res.stderr, (
+        res.stderr
+    )
+    status = world.run(a_user, "status")
+    assert status.returncode == 0, status.stderr
+    line = next(ln for ln in status.stdout.splitlines() if ln.startswith("npu:0"))
+    assert "unusable" in line and "free" not in line, line
+    # Who made it so: the file's owner; and no holder's pid (none holds it).
+    assert f"user {b_user}" in line and "pid -" in line and "None" not in line, line
+    assert time.monotonic() - t0 < 30  # nothing hung on the FIFO
+
+
 @pytest.mark.timeout(240)
 def test_the_system_daemon_survives_a_hostile_user(
     system: tuple[World, Namespace, subprocess.Popen[str]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hold.daemon import devlock
@@ -126,7 +127,13 @@ def _not_grantable(st: DaemonState, grants: Grants, cls: str, i: int) -> dict[st
         st.locks.path(st.keys[cls][i])
     )
     if err:
-        return _reason("unusable", f"its lock file cannot be used: {err}", None, "?", None)
+        # Whoever owns the file is who made it unusable (or can mend it).
+        try:
+            uid: int | None = os.lstat(st.locks.path(st.keys[cls][i])).st_uid
+        except OSError:
+            uid = None
+        user = user_name(uid) if uid is not None else "?"
+        return _reason("unusable", f"its lock file cannot be used: {err}", None, user, uid)
     return None
 
 

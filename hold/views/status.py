@@ -111,6 +111,11 @@ def _label(h: dict[str, Any]) -> str:
     return repr(h["label"]) if h.get("label") is not None else "(private)"
 
 
+def _pid(h: dict[str, Any]) -> str:
+    """The holder's pid, or ``-`` where none holds it (a lock file nobody can use)."""
+    return "-" if h.get("pid") is None else str(h["pid"])
+
+
 def _timed(h: dict[str, Any]) -> bool:
     return isinstance(h.get("since"), (int, float)) and isinstance(h.get("expires"), (int, float))
 
@@ -128,7 +133,7 @@ def status_lines(ans: dict[str, Any]) -> list[str]:
                 continue
             state = "active" if h["state"] == "elsewhere" else h["state"]
             line = f"{name:<8} {state:<7} lease {h['lease']}  {_label(h)}  user {h['user']}"
-            line += f"  pid {h['pid']}"
+            line += f"  pid {_pid(h)}"
             if h.get("usage"):
                 line += f"  {usage.words(h['usage'])}"
             if _timed(h):
@@ -160,7 +165,7 @@ def status_table(ans: dict[str, Any], width: int) -> list[str]:
                 since = format_when(h["since"], now)
             label = _label(h) + (" via another daemon" if h["state"] == "elsewhere" else "")
             figures = usage.cells(h.get("usage")) if "usage" in h else [""] * len(usage.HEAD)
-            who = [name, state, h["lease"], h["user"], str(h["pid"])]
+            who = [name, state, h["lease"], h["user"], _pid(h)]
             rows.append([*who, *figures, left, until, since, label])
         queues[len(rows)] = queue_lines(info)
     lines = table(HEAD, rows, width, flex=(len(HEAD) - 1,), drop=DROPPED)
