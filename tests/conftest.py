@@ -575,6 +575,19 @@ def in_line(cls: str) -> int:
     return len(json.loads(res.stdout)["classes"][cls]["queue"])
 
 
+def grant_checks(state: Path) -> list[str]:
+    """What proved the device empty for each grant so far, in order (the log of
+    the daemon of ``state``): ``scan`` or ``count``."""
+    out = []
+    for line in (state / "daemon.log").read_text().splitlines():
+        if not line.startswith("{"):
+            continue  # the daemon's stderr shares its log (a message before it served)
+        ev = json.loads(line)
+        if ev.get("event") == "granted":
+            out.append(ev["check"])
+    return out
+
+
 def wait_in_line(cls: str, n: int, timeout: float = 20) -> None:
     """Until ``n`` clients wait in line for ``cls``: they have asked and been
     answered "queued", so each has set up its signal handling by then."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, PROGS
+from conftest import HOLD, PROGS, grant_checks
 
 pytestmark = [
     pytest.mark.skipif(not glob.glob("/dev/nvidia0"), reason="no NVIDIA GPU on this machine"),
@@ -284,19 +284,11 @@ def test_a_cuda_process_that_opens_the_gpu_after_a_counted_grant_is_seen(
     def grant() -> subprocess.CompletedProcess[str]:
         return hold_run("--device", f"gpu:{index}", "--no-wait", "--", "true")
 
-    def checks() -> list[str]:
-        out = []
-        for line in (isolated_hold / "state" / "daemon.log").read_text().splitlines():
-            if line.startswith("{"):
-                ev = json.loads(line)
-                if ev.get("event") == "granted":
-                    out.append(ev["check"])
-        return out
-
     assert grant().returncode == 0  # the scan that starts the count
     second = grant()
     assert second.returncode == 0, second.stderr
-    assert checks()[-1] == "count", checks()
+    state = isolated_hold / "state"
+    assert grant_checks(state)[-1] == "count", grant_checks(state)
     minor = nvidia_minor(gpu_class[index])
     assert minor is not None
     hog, pid = start_hog(py, uuid_by_minor()[minor])
@@ -306,7 +298,8 @@ def test_a_cuda_process_that_opens_the_gpu_after_a_counted_grant_is_seen(
         stop(hog)
     again = grant()
     with capsys.disabled():
-        print(f"\ngpu:{index} checks {checks()}; CUDA pid {pid}: exit {refused.returncode}")
+        checks = grant_checks(state)
+        print(f"\ngpu:{index} checks {checks}; CUDA pid {pid}: exit {refused.returncode}")
         print(f"  {refused.stderr.strip()}")
     assert refused.returncode == 75, refused.stderr
     assert f"pid {pid}" in refused.stderr, refused.stderr

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, alive, as_user, unpriv_python, wait_for
+from conftest import HOLD, alive, as_user, grant_checks, unpriv_python, wait_for
 
 from hold.daemon import devlock
 from hold.devices.classes import node_key
@@ -696,7 +696,7 @@ def test_a_per_user_daemon_believes_its_count_only_until_an_open(world: World) -
     log = [json.loads(line) for line in lines if line.startswith("{")]
     # The lease that opened the node is followed by a scan at its end (which
     # starts the count again), so the grant after it needs none.
-    checks = [ev["check"] for ev in log if ev["event"] == "granted"]
+    checks = grant_checks(world.state(user))
     assert checks == ["scan", "count", "count", "count"], checks
     scans = [(ev["at"], ev["why"]["0"]) for ev in log if ev["event"] == "scan_needed"]
     assert scans == [

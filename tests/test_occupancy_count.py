@@ -16,7 +16,6 @@ opened and mapped like any node, and nothing else on the machine holds them.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, PROGS, alive, daemon_pid, holds_node, update_config, wait_for
+from conftest import (
+    HOLD,
+    PROGS,
+    alive,
+    daemon_pid,
+    grant_checks,
+    holds_node,
+    update_config,
+    wait_for,
+)
 
 PY = sys.executable
 SLIPPER = str(PROGS / "slipper.py")
@@ -60,23 +68,11 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def checks(state: Path) -> list[str]:
-    """What proved the device empty for each grant so far, in order (the daemon's log)."""
-    out = []
-    for line in (state / "daemon.log").read_text().splitlines():
-        if not line.startswith("{"):
-            continue  # the daemon's stderr shares its log (a message before it served)
-        ev = json.loads(line)
-        if ev.get("event") == "granted":
-            out.append(ev["check"])
-    return out
-
-
 def counted_grant(state: Path) -> None:
     """Two grants: the first scans (the count's start), the second needs only the count."""
     assert run().returncode == 0
     assert run().returncode == 0
-    assert checks(state)[-1] == "count", checks(state)
+    assert grant_checks(state)[-1] == "count", grant_checks(state)
 
 
 def slip(how: str, node: Path, holders: list[int]) -> int:
@@ -160,7 +156,7 @@ def test_a_lease_that_opened_the_node_ends_with_a_scan(node: Path, state: Path) 
     assert '"at": "lease end"' in log, log
     assert run().returncode == 0
     assert run().returncode == 0
-    assert checks(state)[-2:] == ["count", "count"], checks(state)
+    assert grant_checks(state)[-2:] == ["count", "count"], grant_checks(state)
 
 
 def test_two_opens_read_as_one_event_still_block(
@@ -226,7 +222,7 @@ def test_the_count_is_started_again_by_a_scan(node: Path, state: Path, holders: 
     # the open, so the next grant needs no scan again.
     assert run().returncode == 0
     assert run().returncode == 0
-    assert checks(state)[-1] == "count", checks(state)
+    assert grant_checks(state)[-1] == "count", grant_checks(state)
 
 
 def test_opens_through_another_path_are_not_counted_on(

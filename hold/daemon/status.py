@@ -123,13 +123,12 @@ def _not_grantable(st: DaemonState, grants: Grants, cls: str, i: int) -> dict[st
         more = f" and {len(blocked) - 1} more" if len(blocked) > 1 else ""
         why = f"held outside any lease by pid {h.get('pid')} ({h.get('command')}){more}"
         return _reason("blocked", why, h.get("pid"), str(h.get("user", "?")), h.get("uid"))
-    err = grants.elsewhere.get((cls, i), {}).get("error") or devlock.unusable(
-        st.locks.path(st.keys[cls][i])
-    )
+    path = st.locks.path(st.keys[cls][i])
+    err = grants.elsewhere.get((cls, i), {}).get("error") or devlock.unusable(path)
     if err:
         # Whoever owns the file is who made it unusable (or can mend it).
         try:
-            uid: int | None = os.lstat(st.locks.path(st.keys[cls][i])).st_uid
+            uid: int | None = os.lstat(path).st_uid
         except OSError:
             uid = None
         user = user_name(uid) if uid is not None else "?"
