@@ -12,7 +12,7 @@ supervisor may not import:
 document           file                                        kind     legacy
 =================  ==========================================  =======  ==========
 :class:`TokenFile`  ``STATE/CLASS-N.token``                    token    0
-:class:`LockRecord` ``/run/lock/hold-dev-KEY.lock`` (hostile)  lock     0
+:class:`LockRecord` ``/run/lock/hold-dev-KEY.UID.record``       lock     0
 :class:`EndedLeases` ``STATE/ended.json``                      ended    0
 :class:`HistoryLease`, ``STATE/history.jsonl``, a line each    lease,   0
 :class:`HistoryStray`                                          stray
@@ -113,9 +113,11 @@ LAST_EPOCH = 253402300800.0  # 10000-01-01T00:00:00Z: the last time a clock show
 class LockRecord(Document):
     """Whose lease holds a machine-wide device lock (:mod:`hold.daemon.devlock`).
 
-    Anyone may write the file: it informs and authorises nothing, and is
-    decoded within :data:`MAX_SIZE` bytes; a number beyond 64 bits, or a time
-    before 1970 or after the year 9999, is refused and each text is kept to
+    Any user may make a file at that name (the directory is everyone's): a
+    record is believed only from its own user's file
+    (:func:`hold.daemon.devlock.owner_of`), authorises nothing, and is decoded
+    within :data:`MAX_SIZE` bytes; a number beyond 64 bits, or a time before
+    1970 or after the year 9999, is refused and each text is kept to
     :data:`TEXT_SHOWN` characters."""
 
     KIND = "lock"

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -26,8 +27,9 @@ NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
 
 
 @contextlib.contextmanager
-def locked_with(base: Path, record: bytes) -> Iterator[str]:
-    """The npu device's lock file, holding ``record``, flocked by this process."""
+def locked_with(base: Path, record: bytes, *, into_lock_file: bool = False) -> Iterator[str]:
+    """The npu device's lock file, flocked by this process, with ``record`` in
+    this user's record file beside it (or in the lock file itself)."""
     node = next((base / "dev").glob("accel*"))
     key = node_key(str(node))
     assert key is not None
@@ -35,10 +37,22 @@ def locked_with(base: Path, record: bytes) -> Iterator[str]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(fd, record)
+        if into_lock_file:
+            os.write(fd, record)
+        else:
+            Path(devlock.record_path(path, os.geteuid())).write_bytes(record)
         yield path
     finally:
         os.close(fd)
+
+
+def _record(**fields: object) -> bytes:
+    """A record every field of which is well formed, naming this process as its daemon."""
+    now = time.time()
+    record: dict[str, object] = {"user": "u", "label": "l", "pid": 1, "lease": "x", "cls": "npu"}
+    record |= {"uid": os.geteuid(), "start": 1, "since": now, "until": now + 60, "arbiter": "a"}
+    record |= {"daemon_pid": os.getpid(), **fields}
+    return json.dumps(record).encode()
 
 
 def _no_wait() -> subprocess.CompletedProcess[str]:
@@ -76,6 +90,45 @@ def test_a_record_naming_another_daemon_is_not_believed(isolated_hold: Path) -> 
         assert f"locked by pid {os.getpid()}" in res.stderr and "forged" not in res.stderr
 
 
+@pytest.mark.parametrize("where", ["its own user's file", "the lock file"])
+def test_a_record_is_believed_from_its_own_users_file_alone(
+    isolated_hold: Path, where: str
+) -> None:
+    """A record naming the lock's holder as its daemon: believed from the
+    holder's user's own record file, never from the lock file, which every
+    user can write (anyone could rewrite a live lease's record there, keeping
+    its daemon's pid, and be believed: issue 24)."""
+    in_lock = where == "the lock file"
+    with locked_with(isolated_hold, _record(label="written"), into_lock_file=in_lock):
+        res = _no_wait()
+        assert res.returncode == 75, res.stderr
+        if in_lock:
+            assert f"locked by pid {os.getpid()}" in res.stderr, res.stderr
+            assert "written" not in res.stderr, res.stderr
+        else:
+            assert "'written'" in res.stderr, res.stderr
+            assert "through another ticket daemon" in res.stderr, res.stderr
+
+
+def test_a_record_file_made_by_another_user_is_not_believed(
+    isolated_hold: Path, unpriv_user: str
+) -> None:
+    """Someone else made the holder's user's record file (anyone may make any
+    name in the sticky lock directory): not believed, and who made it is said."""
+    pw = pwd.getpwnam(unpriv_user)
+    with locked_with(isolated_hold, _record(label="planted")) as path:
+        os.chown(devlock.record_path(path, os.geteuid()), pw.pw_uid, pw.pw_gid)
+        res = _no_wait()
+        assert res.returncode == 75, res.stderr
+        assert "planted" not in res.stderr, res.stderr
+        assert f"locked by pid {os.getpid()}" in res.stderr, res.stderr
+        assert f"was made by user {unpriv_user}" in res.stderr, res.stderr
+        status = subprocess.run([*HOLD, "status"], capture_output=True, text=True, timeout=60)
+        line = next(ln for ln in status.stdout.splitlines() if ln.startswith("npu:0"))
+        assert f"made by user {unpriv_user}, not believed" in line, line
+        _views_work()
+
+
 def test_a_record_with_nan_breaks_nothing(isolated_hold: Path) -> None:
     record = (
         f'{{"user": "u", "label": "l", "lease": "x", "daemon_pid": {os.getpid()}, '
@@ -104,11 +157,7 @@ def test_a_record_with_a_time_no_clock_can_show_breaks_nothing(
     9999, before 1970): the record is refused whole, as one with NaN is, and
     the kernel's holder is what is said. Believed, it crashed every view that
     shows its time (time.localtime: "timestamp out of range")."""
-    now = time.time()
-    record: dict[str, object] = {"user": "u", "label": "l", "pid": 1, "lease": "x", "cls": "npu"}
-    record |= {"uid": 0, "start": 1, "since": now, "until": now + 60, "arbiter": "a"}
-    record |= {"daemon_pid": os.getpid(), **times}
-    with locked_with(isolated_hold, json.dumps(record).encode()):
+    with locked_with(isolated_hold, _record(**times)):
         res = _no_wait()
         assert res.returncode == 75, res.stderr
         assert "Traceback" not in res.stderr, res.stderr

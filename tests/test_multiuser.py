@@ -30,6 +30,7 @@ from conftest import HOLD, alive, as_user, grant_checks, unpriv_python, wait_for
 
 from hold.daemon import devlock
 from hold.devices.classes import node_key
+from hold.documents import LockRecord
 from hold.statedir import system_serves
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making users needs root")
@@ -94,11 +95,34 @@ class World:
         path = self.work / f"{name}.ready"
         return int(wait_for(lambda: path.exists() and path.read_text(), timeout, what=str(path)))
 
-    def lock_file(self) -> Path:
+    def lock_name(self) -> str:
+        """The device's lock file, as the users' commands see it."""
         key = node_key(str(self.node))
         assert key is not None
-        path = devlock.lock_path(devlock.LOCK_DIRS[0], key)
+        return devlock.lock_path(devlock.LOCK_DIRS[0], key)
+
+    def lock_file(self) -> Path:
+        """The device's lock file, as this test reaches it."""
+        path = self.lock_name()
         return self.ns.path(path) if self.ns is not None else Path(path)
+
+    def as_user(self, user: str, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``python -c script args`` run as ``user``, where the users' commands run."""
+        argv = as_user(user, [self.py, "-c", script, *args], self.runtime, self.env(user))
+        return subprocess.run(
+            [*self.prefix, *argv],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def record_file(self, user: str) -> Path:
+        return Path(devlock.record_path(str(self.lock_file()), pwd.getpwnam(user).pw_uid))
+
+    def record(self, user: str) -> LockRecord | None:
+        """What ``user``'s daemons say of the lease that holds the lock (believed)."""
+        return devlock.read_record(str(self.lock_file()), pwd.getpwnam(user).pw_uid)
 
     def daemon_pid(self, user: str) -> int | None:
         try:
@@ -148,6 +172,7 @@ def world(unpriv_user: str, other_user: str, unpriv_runtime: Path) -> Iterator[W
         w.xdg(user).mkdir(mode=0o700)
         os.chown(w.xdg(user), pw.pw_uid, pw.pw_gid)
     lock_existed = w.lock_file().exists()
+    records_existed = {user: w.record_file(user).exists() for user in w.users}
     try:
         yield w
     finally:
@@ -167,6 +192,9 @@ def world(unpriv_user: str, other_user: str, unpriv_runtime: Path) -> Iterator[W
                 wait_for(lambda pid=pid: not alive(pid), 10, what="a user's daemon to stop")
         if not lock_existed:  # ours: named by this test's own node
             w.lock_file().unlink(missing_ok=True)
+        for user, existed in records_existed.items():
+            if not existed:
+                w.record_file(user).unlink(missing_ok=True)
         shutil.rmtree(base, ignore_errors=True)
         if ns is not None:
             ns.close()
@@ -287,7 +315,7 @@ def test_another_user_can_neither_pass_a_check_nor_release(world: World) -> None
         name="A",
     )
     world.ready("A")
-    rec = wait_for(lambda: devlock.read_owner(str(world.lock_file())), 10, what="A's lock record")
+    rec = wait_for(lambda: world.record(a_user), 10, what="A's lock record")
     assert rec.user == a_user and rec.label == "A"
 
     # B forges a token naming B's own shell in a directory B controls.
@@ -567,6 +595,55 @@ def test_a_lock_file_planted_by_someone_never_hangs_and_root_takes_it_back(
     with pytest.raises(devlock.LockUnusable):
         devlock.open_lock(str(planted))
     assert time.monotonic() - t0 < 1.0
+
+
+def test_another_user_can_neither_rewrite_nor_plant_a_leases_record(world: World) -> None:
+    """User B rewrites the lock file with a record that keeps A's daemon's pid
+    (which the kernel names as the lock's holder) and says "forged"; B cannot
+    write A's own record file. What B's ``hold status`` shows of A's lease is
+    what A's daemon wrote. Where B made A's record file before A's lease, A
+    still gets the device, and B's status says the record was made by B
+    rather than believing it (it believed any record naming the holder)."""
+    a_user, b_user = world.users
+    planted = world.record_file(a_user)
+    if planted.exists():
+        pytest.skip(f"{planted} exists already (another run's): not ours to plant over")
+    forge = (
+        "import json, sys\n"
+        "lock, rec = sys.argv[1], json.loads(open(sys.argv[2]).read())\n"
+        "rec['label'] = rec['user'] = 'forged'\n"
+        "open(lock, 'w').write(json.dumps(rec))\n"
+        "try:\n"
+        "    open(sys.argv[2], 'w')\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+    )
+    world.start(a_user, "run", "-d", "npu", "-l", "A", "--", *world.gated("A", "--wait"), name="A")
+    world.ready("A")
+    rec = wait_for(lambda: world.record(a_user), 10, what="A's lock record")
+    assert rec.label == "A" and rec.daemon_pid == world.daemon_pid(a_user)
+    a_record = devlock.record_path(world.lock_name(), pwd.getpwnam(a_user).pw_uid)
+    res = world.as_user(b_user, forge, world.lock_name(), a_record)
+    assert res.returncode == 0 and res.stdout == "refused\n", (res.stdout, res.stderr)
+    status = world.run(b_user, "status")
+    line = next(ln for ln in status.stdout.splitlines() if ln.startswith("npu:0"))
+    assert "'A'" in line and a_user in line and "forged" not in line, line
+    (world.work / "A.go").write_text("")
+    world.procs[-1].wait(30)
+
+    # B makes A's record file before A's next lease: A's daemon cannot write it.
+    planted.unlink()
+    res = world.as_user(b_user, "import sys; open(sys.argv[1], 'w').write('{}')", a_record)
+    assert res.returncode == 0, res.stderr
+    world.start(
+        a_user, "run", "-d", "npu", "-l", "A2", "--", *world.gated("A2", "--wait"), name="A2"
+    )
+    world.ready("A2")
+    status = world.run(b_user, "status")
+    line = next(ln for ln in status.stdout.splitlines() if ln.startswith("npu:0"))
+    assert f"made by user {b_user}, not believed" in line and a_user in line, line
+    (world.work / "A2.go").write_text("")
+    assert world.procs[-1].wait(30) == 0, world.err("A2")
 
 
 @pytest.mark.parametrize("planted", ["0600 file", "fifo"])

@@ -48,7 +48,7 @@ def test_a_hostile_lock_record_is_shown_escaped(isolated_hold: Path) -> None:
         record = {"user": EVIL, "label": EVIL, "pid": 1, "lease": EVIL, "cls": "npu"}
         record |= {"uid": 0, "start": 1, "since": now, "until": now + 60, "arbiter": EVIL}
         record["daemon_pid"] = os.getpid()  # the kernel's holder: the record is believed
-        os.write(fd, json.dumps(record).encode())
+        Path(devlock.record_path(path, os.geteuid())).write_text(json.dumps(record))
         res = subprocess.run(
             [NPU_HOLD, "--no-wait", "--", "true"], capture_output=True, text=True, timeout=60
         )

@@ -363,6 +363,13 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         if "error" in e:
             parts.append(f"{cls}:{e['index']} cannot be locked ({e['error']})")
             continue
+        if e.get("foreign") and e.get("record_by"):
+            parts.append(
+                f"{cls}:{e['index']} is locked by pid {e.get('pid', '?')} (user "
+                f"{e.get('user', '?')}); whose lease it is cannot be told: its record "
+                f"beside {e.get('path', '?')} was made by user {e['record_by']}"
+            )
+            continue
         if e.get("foreign"):
             parts.append(
                 f"{cls}:{e['index']} is locked by pid {e.get('pid', '?')} (user "

@@ -15,11 +15,16 @@ client leaves it with the daemon until the tree is stopped, a SIGKILLed
 daemon leaves it with the client until a new daemon takes it back. No single
 SIGKILL frees a device whose lease's tree may still run.
 
-The file's content says whose lease it is (:class:`hold.documents.LockRecord`:
-uid, user, holder pid and start time, since, until, lease id; the label only
-where the owner allows it), so
-that a waiter served by another arbiter can be told who is in the way. The
-content informs; only the kernel lock decides.
+Whose lease it is (:class:`hold.documents.LockRecord`: uid, user, holder pid
+and start time, since, until, lease id; the label only where the owner
+allows it) is said in a file beside the lock, one per user
+(:func:`record_path`), so that a waiter served by another arbiter can be told
+who is in the way. Not in the lock file itself: every user must be able to
+open that one, so anyone could rewrite a live lease's record there, keeping
+the daemon pid that made it believed. A record is believed only from the
+file of the user whose process took the lock (``/proc/locks``), owned by that
+user, naming that process as its daemon. It informs; only the kernel lock
+decides.
 """
 
 from __future__ import annotations
@@ -197,29 +202,93 @@ def same_file(fd: int, path: str) -> bool:
     return stat.S_ISREG(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def write_owner(fd: int, record: LockRecord) -> None:
-    """Say whose lease holds the lock (only the lock's holder calls this)."""
+RECORD_SUFFIX = ".record"
+
+
+def record_path(lock: str, uid: int) -> str:
+    """Where the daemons of ``uid`` say whose lease holds the lock at ``lock``."""
+    return f"{lock.removesuffix('.lock')}.{uid}{RECORD_SUFFIX}"
+
+
+def write_record(lock: str, record: LockRecord) -> None:
+    """Say whose lease holds the lock at ``lock`` (only its holder calls this), in
+    this user's record file: mode 0644, this user's own, never through a link.
+
+    Raises :class:`LockUnusable` where another user made a file at that name
+    (root removes it and makes its own); nothing is written into a file this
+    user does not own, since nobody would believe it."""
+    path = record_path(lock, os.geteuid())
     data = record.encode()
     if len(data) > LockRecord.MAX_SIZE:  # a long label: said without it, never cut short
         data = replace(record, label=None).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    fd = _open_own_record(path, create=True)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
 
 
-def read_owner(path: str) -> LockRecord | None:
-    """What the lock file says of its holder; None if absent or not a record
-    (:class:`hold.documents.LockRecord`, of this daemon or an older one).
+def clear_record(lock: str) -> None:
+    """Empty this user's record of the lock at ``lock`` (its lease is over): never
+    made, never through a link, only a file of this user's own."""
+    try:
+        fd = _open_own_record(record_path(lock, os.geteuid()), create=False)
+    except (LockUnusable, OSError):
+        return
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
 
-    Anyone may write the file: it is read without following a link or
-    waiting on a FIFO, at most :data:`MAX_RECORD` bytes, decoded strictly,
-    and none of it authorises anything.
+
+def _open_own_record(path: str, *, create: bool) -> int:
+    """A writable descriptor of this user's record file at ``path``. As
+    :func:`open_lock`: an existing file is opened without ``O_CREAT``
+    (``fs.protected_regular``), never a link or a FIFO (``O_NONBLOCK``)."""
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    euid = os.geteuid()
+    for _ in range(5):
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue
+            os.fchmod(fd, 0o644)  # readable by every waiter, whatever the umask
+        except OSError as e:
+            if euid == 0 and _remove_planted(path):
+                continue  # a link, a FIFO, a file not root's to write: root takes the name back
+            raise LockUnusable(f"{path}: {e.strerror}") from None
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == euid:
+            return fd
+        os.close(fd)
+        if euid == 0 and _remove_planted(path):
+            continue
+        raise LockUnusable(f"{path} was made by user {user_name(st.st_uid)}, not by this one")
+    raise LockUnusable(f"{path} keeps appearing and disappearing")
+
+
+def read_record(lock: str, uid: int) -> LockRecord | None:
+    """What user ``uid``'s record file of the lock at ``lock`` says; None if it is
+    absent, not that user's own regular file, or not a record
+    (:class:`hold.documents.LockRecord`).
+
+    Read without following a link or waiting on a FIFO, at most
+    :data:`MAX_RECORD` bytes, decoded strictly; none of it authorises anything.
     """
+    path = record_path(lock, uid)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
             return None
         raw = os.pread(fd, MAX_RECORD, 0)
     except OSError:
@@ -232,30 +301,68 @@ def read_owner(path: str) -> LockRecord | None:
         return None
 
 
+def _believed(rec: LockRecord | None, daemon_pid: int, uid: int) -> bool:
+    """Could the daemon ``daemon_pid``, of user ``uid``, have written ``rec``? Its
+    own pid in it, and a lease of its own user unless it is root's (a user's
+    daemon serves that user alone)."""
+    return rec is not None and rec.daemon_pid == daemon_pid and uid in (0, rec.uid)
+
+
 def owner_of(path: str) -> dict[str, Any]:
-    """Who holds the lock at ``path``, as far as it can be told. The file's record
-    (anyone may write it) is believed where the kernel agrees: the pid that took
-    the flock (``/proc/locks``) is the record's daemon, or has exited (a lock
-    handed on with its descriptor). A live process that is no arbiter named
-    in the record holds it otherwise -- a plain ``flock``, or a record
-    overwritten by someone else -- and that process is what is said, with
-    ``"foreign": True``."""
-    owner = read_owner(path)
-    rec: dict[str, Any] = {} if owner is None else owner.body()
+    """Who holds the lock at ``path``, as far as it can be told.
+
+    The kernel names the process that took the flock (``/proc/locks``). Its
+    user's record file (:func:`read_record`) is believed where it names that
+    process as its daemon. Where that process has exited (a lock handed on
+    with its descriptor: the daemon died, its client holds on), the record of
+    any user that names it is. Otherwise a live process that is no arbiter
+    holds it -- a plain ``flock`` -- and that process is what is said, with
+    ``"foreign": True`` (and ``"record_by"``: who else made its user's record
+    file, if someone did)."""
     try:
         st = os.stat(path, follow_symlinks=False)
     except OSError:
-        return rec
+        return {}
     pid = scan.flock_holders().get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
-    if pid is None or pid == rec.get("daemon_pid") or scan.stat_of(pid) is None:
-        return rec
+    if pid is None:
+        return {}
     uid = scan.uid_of(pid)
-    return {
-        "pid": pid,
-        "user": user_name(uid) if uid is not None else "?",
-        "foreign": True,
-        "path": path,
-    }
+    if uid is None or scan.stat_of(pid) is None:
+        return _record_of_gone(path, pid)
+    rec = read_record(path, uid)
+    if _believed(rec, pid, uid):
+        assert rec is not None
+        return rec.body()
+    said: dict[str, Any] = {"pid": pid, "user": user_name(uid), "foreign": True, "path": path}
+    try:
+        made_by = os.stat(record_path(path, uid), follow_symlinks=False).st_uid
+    except OSError:
+        return said
+    if made_by != uid:
+        said["record_by"] = user_name(made_by)
+    return said
+
+
+def _record_of_gone(path: str, pid: int) -> dict[str, Any]:
+    """The record that names ``pid``, the exited taker of the lock at ``path``, as
+    its daemon, in the record file of that record's own user or root's; else
+    nothing to say."""
+    directory, stem = os.path.split(path.removesuffix(".lock"))
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return {}
+    for name in names:
+        if not (name.startswith(stem + ".") and name.endswith(RECORD_SUFFIX)):
+            continue
+        uid_text = name[len(stem) + 1 : -len(RECORD_SUFFIX)]
+        if not uid_text.isdigit():
+            continue
+        rec = read_record(path, int(uid_text))
+        if _believed(rec, pid, int(uid_text)):
+            assert rec is not None
+            return rec.body()
+    return {}
 
 
 def locked_inodes() -> set[tuple[int, int, int]]:
@@ -351,7 +458,7 @@ class Locks:
                     self.fds[key] = fd
 
     def release_unused(self, used: set[str]) -> None:
-        """Let go of every lock not in ``used`` (its record emptied: that lease is over).
+        """Let go of every lock not in ``used`` (our record of it emptied: that lease is over).
 
         Unlocked, not only closed: the client holds a descriptor of the same
         open file description (its copy for the daemon's death), and a close
@@ -361,10 +468,7 @@ class Locks:
         on any descriptor of the description lets go for all of them."""
         for key in [k for k in self.fds if k not in used]:
             fd = self.fds.pop(key)
-            try:
-                os.ftruncate(fd, 0)
-            except OSError:
-                pass
+            clear_record(self.path(key))
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 

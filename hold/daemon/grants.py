@@ -330,12 +330,19 @@ class Grants:
             # (it ended every user's daemon, issue 24).
             self.st.save(must=True)
             self.st.records.write_tokens(s)
-            owner = self._lock_record(s)
-            for i in devices:
-                devlock.write_owner(self.st.locks.fds[self.st.keys[cls][i]], owner)
         except (UnsafePath, OSError, ValueError) as e:
             self._undo_grant(cls, req, devices, e)
             return
+        owner = self._lock_record(s)
+        for i in devices:
+            lock = self.st.locks.path(self.st.keys[cls][i])
+            try:
+                devlock.write_record(lock, owner)
+            except (devlock.LockUnusable, OSError) as e:
+                # It only informs other arbiters' waiters: they are told the lock's
+                # holder without its lease. Another user can cause this (a file
+                # made at our record's name), so it refuses nothing.
+                self.st.log_for("lock_record_unwritten", s, error=describe(e))
         self.st.log_for(
             "granted", s, label=req.label, devices=devices, expires=lease.expires, check=check
         )

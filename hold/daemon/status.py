@@ -96,6 +96,8 @@ def _holder(
         "arbiter": rec.get("arbiter"),
         # the kernel's holder of the lock, whose file names no arbiter of it (devlock.owner_of)
         "foreign": bool(rec.get("foreign")),
+        # who made that holder's record file instead of its user (devlock.owner_of)
+        "record_by": rec.get("record_by"),
     }
 
 

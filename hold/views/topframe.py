@@ -123,6 +123,8 @@ def _left(h: dict[str, Any], now: float) -> str:
 def _label(h: dict[str, Any]) -> str:
     if h.get("why"):  # blocked or unusable: no lease, the reason instead of a label
         return str(h["why"])
+    if h.get("foreign") and h.get("record_by"):
+        return f"(its lock is held; its record was made by user {h['record_by']}, not believed)"
     if h.get("foreign"):
         return "(its lock is held, but by no ticket daemon)"
     label = repr(h["label"]) if h.get("label") is not None else "(private)"
