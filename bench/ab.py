@@ -36,7 +36,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.run import loadavg, machine, median, percentile
+from bench.run import loadavg, locks_in, machine, median, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 NPU = "import sys; from {entry} import npu_main; sys.exit(npu_main())"
@@ -81,6 +81,7 @@ def version_env(code: Path, state: Path, config: bool, walk: bool = False) -> di
         os.environ,
         PYTHONPATH=str(code),
         HOLD_STATE_DIR=str(state / "state"),
+        HOLD_LOCK_DIR=str(locks_in(state)),
         PYTHONDONTWRITEBYTECODE="1",
     )
     if config:

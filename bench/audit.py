@@ -68,7 +68,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.run import RESULTS, loadavg, machine, median, ms, summary
+from bench.run import RESULTS, loadavg, locks_in, machine, median, ms, summary
 from hold.devices.classes import DeviceClass
 from hold.devices.holders import scan, targets
 
@@ -303,7 +303,12 @@ def bench(total: int, holders: int, runs: int, warmup: int, profile: bool) -> di
         node.write_bytes(b"\0" * 4096)
         config = work / "config.yaml"
         config.write_text(f'devices:\n  benchdev:\n    nodes: ["{node}"]\n')
-        env = dict(os.environ, HOLD_CONFIG=str(config), HOLD_STATE_DIR=str(work / "state"))
+        env = dict(
+            os.environ,
+            HOLD_CONFIG=str(config),
+            HOLD_STATE_DIR=str(work / "state"),
+            HOLD_LOCK_DIR=str(locks_in(work)),
+        )
         if env.pop("PYTHONDONTWRITEBYTECODE", None):
             # As installed, hold's modules are compiled once (the warm-up round
             # writes the cache), not at every start.

@@ -125,6 +125,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def locks_in(work: Path) -> Path:
+    """A device-lock directory of the run's own (``HOLD_LOCK_DIR``): its lock files
+    go with the run, never into the machine's ``/run/lock``."""
+    locks = work / "locks"
+    locks.mkdir(mode=0o1777, exist_ok=True)
+    locks.chmod(0o1777)
+    return locks
+
+
 def loadavg() -> str:
     try:
         with open("/proc/loadavg") as f:

@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.run import loadavg, machine, median, percentile
+from bench.run import loadavg, locks_in, machine, median, percentile
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -426,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ,
             HOLD_STATE_DIR=str(work / "state"),
             HOLD_CONFIG=str(config),
+            HOLD_LOCK_DIR=str(locks_in(work)),
             PYTHONDONTWRITEBYTECODE="",
         )
         # Start-up runs without a configuration file (as most machines run).

@@ -430,7 +430,15 @@ def test_a_user_sees_the_figures_of_their_own_lease(unpriv_user: str, unpriv_run
         f'devices:\n  npu:\n    nodes: ["{base}/accel*"]\nunreadable_processes: ignore\n'
     )
     config.chmod(0o644)
-    env = {"HOLD_STATE_DIR": str(base / "state"), "HOLD_CONFIG": str(config)}
+    # Its device's lock in the test's own directory, not in the machine's
+    # /run/lock (where it stayed behind, one file a run).
+    (base / "locks").mkdir(mode=0o1777)
+    (base / "locks").chmod(0o1777)
+    env = {
+        "HOLD_STATE_DIR": str(base / "state"),
+        "HOLD_CONFIG": str(config),
+        "HOLD_LOCK_DIR": str(base / "locks"),
+    }
     burn = [py, str(unpriv_runtime / "progs" / "burner.py"), str(base), str(MB)]
 
     def hold_as(*args: str) -> list[str]:
