@@ -709,7 +709,13 @@ def test_the_system_daemon_survives_a_hostile_user(
         name="A",
     )
     command = world.ready("A")
-    tok = wait_for(lambda: _token(ns), 10, what="A's token")
+    # The token once it names A's command: the client tells the daemon its pid
+    # after the command runs, and the token is written again then.
+    tok = wait_for(
+        lambda: (t := _token(ns)) and t.get("command_pid") is not None and t,
+        10,
+        what="A's token naming its command",
+    )
     items = [*th.framing_items(), *th.encoding_items(), *th.json_items(), *th.field_items()]
     rng = random.Random(9)
     cases = [(prelude, payload) for _, payload, prelude, _ in items if len(payload) < 200_000]

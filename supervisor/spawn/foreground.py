@@ -197,7 +197,11 @@ class Foreground:
                 if left <= 0:
                     return Cause("expired", detail=f"time limit of {self.timeout:g}s reached")
                 wait_ms = left * 1000
-            for fd, _ in poller.poll(wait_ms):
+            # The others' word first: whoever ends the run from outside (a ticket
+            # daemon's release or expiry) says why before it stops the command, so
+            # when both are ready in one poll -- we ran late -- the exit is the
+            # consequence, and the reason is what the caller must get.
+            for fd, _ in sorted(poller.poll(wait_ms), key=lambda r: r[0] not in extra):
                 if fd == child.pidfd:
                     if child.poll() is not None:
                         return Cause("exited")
