@@ -103,9 +103,19 @@ def _tree(tree_id: str, child: Child, leaf: Leaf | None, born_in_leaf: bool) -> 
     )
 
 
-def _comm(pid: int) -> str | None:
+def _asleep(pid: int) -> bool:
+    """Whether ``pid`` runs ``sleep`` and holds nothing but descriptors 0-2: a
+    process that has just exec'd still holds the files its dynamic loader opens
+    (``libc.so.6`` as descriptor 3) for a moment."""
     st = procscan.stat_of(pid)
-    return None if st is None else st.comm
+    try:
+        return (
+            st is not None
+            and st.comm == "sleep"
+            and sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]
+        )
+    except FileNotFoundError:
+        return False
 
 
 def _kill(*children: Child) -> None:
@@ -135,7 +145,11 @@ def test_a_tree_born_in_its_leaf_is_stopped_without_a_walk(
         # The shell holds what it saved of its stdout (a descriptor above 2)
         # while its echo's redirection lasts: a stop then would rightly look
         # for other holders of that file, by a walk (1 run in 48 under load).
-        wait_for(lambda: _comm(child.pid) == "sleep", what="the shell to exec sleep")
+        # And each member, just after its exec, holds what its loader and locale
+        # open (libc.so.6, locale.alias): the same walk (once in 10 runs beside
+        # two more suites). So both are waited for until they hold only 0-2.
+        for pid in (child.pid, esc.pid):
+            wait_for(partial(_asleep, pid), what=f"pid {pid} to sleep, holding only 0-2")
         assert sorted(leaf.pids()) == sorted([child.pid, esc.pid])
         tree = _tree(tree_id, child, leaf, born_in_leaf)
         walks = _Walks(monkeypatch)
