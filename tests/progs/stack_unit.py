@@ -12,7 +12,7 @@ TIME" when it gets SIGTERM/SIGINT (then exits 0, unless --ignore-term), and
   --say TEXT         then print TEXT
   --touch PATH       then create PATH
   --exit N           then exit with status N (printing a last line first)
-  --crash-after S    once ready, exit 3 after S seconds
+  --crash-after S    once ready, exit 3 after S seconds (appending "crash NAME PID TIME")
   --ignore-term      ignore SIGTERM and SIGINT
   --escapee          start a setsid double-forked escapee that ignores TERM and
                      INT and holds DIR/device open
@@ -100,6 +100,7 @@ if opt("--say") is not None:
 if opt("--crash-after") is not None:
     time.sleep(float(opt("--crash-after") or 0))
     print(f"{name}: crashing", flush=True)
+    append("events", f"crash {name} {os.getpid()} {time.time():.3f}")
     sys.exit(3)
 while True:
     time.sleep(1)
