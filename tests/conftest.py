@@ -72,6 +72,12 @@ def isolated_hold(
         yield from _isolated(tmp_path, state, own_nodes, monkeypatch)
 
 
+# What a loaded machine may add to a bounded step: two busy loops and four suites
+# on 2 cores made a 0.3 s grace take 3.7 s and a Python start-up 2-3 s. A test's
+# upper bound on a time separates bounded from unbounded, or from a wait of 30 s
+# or more; it never tells one short time from another (that is a benchmark's).
+LOADED = 15.0
+
 # How long a test on the machine's own devices may wait for them (see
 # _machine_devices_to_ourselves); its timeout is longer by as much.
 DEVICES_WAIT = 240.0

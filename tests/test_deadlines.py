@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, daemon_pid, wait_for, wait_in_line
+from conftest import HOLD, LOADED, daemon_pid, wait_for, wait_in_line
 
 NPU_HOLD = str(Path(sys.executable).parent / "npu-hold")
-MARGIN = 3.0  # on top of each target: a loaded 2-core machine
+MARGIN = LOADED  # on top of each target
 
 
 def state_dir() -> Path:

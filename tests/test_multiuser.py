@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOLD, alive, as_user, grant_checks, unpriv_python, wait_for
+from conftest import HOLD, LOADED, alive, as_user, grant_checks, unpriv_python, wait_for
 
 from hold.daemon import devlock
 from hold.devices.classes import node_key
@@ -594,7 +594,7 @@ def test_a_lock_file_planted_by_someone_never_hangs_and_root_takes_it_back(
     planted.mkdir()
     with pytest.raises(devlock.LockUnusable):
         devlock.open_lock(str(planted))
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < LOADED  # nothing waited on what another user made
 
 
 def test_another_user_can_neither_rewrite_nor_plant_a_leases_record(world: World) -> None:

@@ -8,6 +8,7 @@ a test can tell that nothing started.
   report   print JSON: the CPU mask and the descriptors it had at its start,
            the names in its environment, its arguments
   sleep    sleep args["s"] seconds, then exit args.get("n", 0)
+  gate     wait until DIR/gate exists (at most 30 s), then exit 0
   nasty    ignore TERM; a child that ignores TERM, and a setsid double-forked
            escapee that ignores TERM; every pid goes to DIR/pids; then sleep
   overlap  append "start CALL T" and "end CALL T" (CLOCK_MONOTONIC) to
@@ -51,6 +52,10 @@ if mode == "report":
 elif mode == "sleep":
     time.sleep(float(args.get("s", 0)))
     sys.exit(int(args.get("n", 0)))
+elif mode == "gate":
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(base, "gate")) and time.monotonic() < deadline:
+        time.sleep(0.02)
 elif mode == "nasty":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     append("pids", f"root {os.getpid()}")
