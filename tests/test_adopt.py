@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     HOLD,
+    LOADED,
     PROGS,
     alive,
     as_user,
@@ -147,7 +148,8 @@ def test_adopted_job_is_covered_then_stopped_at_the_time_limit(
     before = row_of(audit_json(code=1), job["holder"])
     assert before["covered"] is False and before["why"] == "no live lease on fake:0"
     started = time.monotonic()
-    client = jobs.adopt(job["main"], "-t", "2s", "-l", "adopted run")
+    # 8 s: the lease must outlast the audit below (a Python start-up and a scan).
+    client = jobs.adopt(job["main"], "-t", "8s", "-l", "adopted run")
     lease = granted(client)
     doc = audit_json()
     row = row_of(doc, job["holder"])
@@ -157,9 +159,9 @@ def test_adopted_job_is_covered_then_stopped_at_the_time_limit(
     assert doc["stray"] == 0
     code, err = ended(client)
     assert code == 124, err
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 8 + LOADED
     assert f"adopted pid {job['main']}" in err and "lease expired" in err
-    wait_for(lambda: gone(job["main"], job["child"]), 5, 0.02, "the job stopped")
+    wait_for(lambda: gone(job["main"], job["child"]), LOADED, 0.02, "the job stopped")
     assert token(0) is None
     assert audit_json(code=0)["holders"] == []
 
