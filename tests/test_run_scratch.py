@@ -61,7 +61,8 @@ def _run(tmp_path: Path, *opts: str, sleep: str = "0") -> tuple[subprocess.Popen
     ("how", "opts", "code"),
     [
         ("exit", (), 0),
-        ("time limit", ("-t", "1s"), 124),
+        # 8 s: the limit must outlast the command's start-up on a loaded machine.
+        ("time limit", ("-t", "8s"), 124),
         ("SIGINT", (), 128 + signal.SIGINT),
         ("SIGTERM", (), 128 + signal.SIGTERM),
     ],
