@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CPU, HOLD, PROGS, ROOT, alive, wait_for
+from conftest import CPU, HOLD, LOADED, PROGS, ROOT, alive, wait_for
 
 from hold_supervisor.proc import scan
 
@@ -110,6 +110,13 @@ def assert_all_gone(base: Path, timeout: float = 10) -> None:
     wait_for(lambda: not any(alive(p) for p in every), timeout, what=f"pids {every} to end")
     if (base / "device").exists():
         assert holders(base / "device") == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def free_port() -> int:
@@ -451,9 +458,19 @@ def test_sigkill_of_hold_up_the_daemon_stops_everything(tmp_path: Path, cgroup_m
     up = Up(tmp_path, escapee_stack(tmp_path))
     up.wait_up()
     wait_for(lambda: "worker-escapee" in pids(tmp_path), 20, what="the escapee")
+    # Walk mode: hold up is a keeper and its launcher, which stops the units once
+    # the keeper is killed, then ends itself.
+    launchers = [
+        st.pid
+        for st in scan.snapshot().values()
+        if st.ppid == up.proc.pid and b"hold\0up\0" in _cmdline(st.pid)
+    ]
     up.proc.kill()
     up.proc.wait()
     assert_all_gone(tmp_path, timeout=15)
+    # Its survivor check and clean-up come after the units' end: a loaded
+    # machine took more than the 2 s the leak check waits.
+    wait_for(lambda: not any(alive(p) for p in launchers), LOADED, what=f"{launchers} to end")
 
 
 def test_detach_ps_logs_restart_down(tmp_path: Path, cgroup_mode: str) -> None:
