@@ -12,6 +12,9 @@ import pytest
 from conftest import alive, wait_for
 
 HERE = Path(__file__).resolve().parent
+# Each test runs a whole child pytest (20 s beside two busy loops and four suites)
+# whose leak check then waits out its LOADED seconds before it fails the leak.
+pytestmark = pytest.mark.timeout(240)
 
 
 def child_pytest(tests: Path) -> list[str]:
@@ -38,7 +41,7 @@ def test_leak_check_catches_a_detached_escapee(tmp_path: Path) -> None:
         child_pytest(tmp_path),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         cwd=tmp_path,
     )
     out = res.stdout + res.stderr
@@ -69,7 +72,7 @@ def test_signals_check_catches_a_blocked_signal_and_an_ignored_one(tmp_path: Pat
         "    assert signal.getsignal(signal.SIGINT) is INT\n"
     )
     res = subprocess.run(
-        child_pytest(tmp_path), capture_output=True, text=True, timeout=60, cwd=tmp_path
+        child_pytest(tmp_path), capture_output=True, text=True, timeout=180, cwd=tmp_path
     )
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
@@ -105,7 +108,7 @@ def test_leak_check_catches_a_cgroup_leaf(tmp_path: Path) -> None:
         child_pytest(tmp_path),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         cwd=tmp_path,
     )
     out = res.stdout + res.stderr
@@ -155,7 +158,7 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
         assert os.path.dirname(base) == here
         other = Hierarchy(here).create("hold-someoneelse0001")
         made.write_text("")
-        out, _ = child.communicate(timeout=60)
+        out, _ = child.communicate(timeout=180)
         assert child.returncode == 1, out
         # The check fails the second test at its teardown, and only that one...
         assert "2 passed, 1 error" in out, out
