@@ -240,7 +240,7 @@ def test_timeout_counts_from_the_start_not_the_collection(tmp_path: Path) -> Non
         time.sleep(0.5)
         r = call.result(timeout=0)
         assert r.outcome == "timeout" and r.exit_code == 124
-        assert 0.7 <= r.wall < 3.0, r.wall
+        assert 0.7 <= r.wall < 0.7 + LOADED, r.wall  # its timeout, not the sleep's 20 s
 
 
 def test_concurrency_limit_holds_under_20_parallel_calls(tmp_path: Path) -> None:
