@@ -21,7 +21,7 @@ from conftest import stop_daemon
 
 # Real pip, seven times a test: about 8 s of CPU each, which a machine running two
 # busy loops and four suites stretched past 110 s. Every step below has its own
-# deadline; this one only replaces the suite's 60 s safety net for these tests.
+# deadline; this one only replaces the suite's safety net (pyproject's timeout).
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -311,7 +311,7 @@ ARGV_ROWS = [
 
 
 # A whole corpus in one test: its work, not a hang, is what a loaded machine
-# stretches (33 s beside two busy loops and four suites; the suite's net is 60 s).
+# stretches (33 s beside two busy loops and four suites).
 @pytest.mark.timeout(240)
 def test_command_lines(tmp_path: Path) -> None:
     ids_unique(ARGV_ROWS)

@@ -317,7 +317,7 @@ def test_several_problems_reported_together() -> None:
 
 
 # A whole corpus in one test: its work, not a hang, is what a loaded machine
-# stretches (33 s beside two busy loops and four suites; the suite's net is 60 s).
+# stretches (33 s beside two busy loops and four suites).
 @pytest.mark.timeout(240)
 def test_mutations_read_or_refused_at_their_key_path() -> None:
     data, lines = read(EVERY_KEY)
