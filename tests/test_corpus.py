@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
 from conftest import HOLD, stop_daemon
 
 from hold_supervisor.parse import BadValue, allowed_cpus
@@ -310,9 +309,6 @@ ARGV_ROWS = [
 ]
 
 
-# A whole corpus in one test: its work, not a hang, is what a loaded machine
-# stretches (33 s beside two busy loops and four suites).
-@pytest.mark.timeout(240)
 def test_command_lines(tmp_path: Path) -> None:
     ids_unique(ARGV_ROWS)
     run_rows(tmp_path, ARGV_ROWS)
@@ -878,7 +874,6 @@ def test_configuration_files_read_in_process(tmp_path: Path) -> None:
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.timeout(240)  # a whole corpus, as above
 def test_configuration_files_through_every_kind_of_command(tmp_path: Path) -> None:
     """A bad configuration is exit 2 for `hold run` (with and without a device), `npu-hold`,
     `hold validate` and `hold up`, before anything starts."""

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CPU, HOLD, LOADED, PROGS, ROOT, alive, wait_for
+from conftest import CPU, HOLD, LOADED, PROGS, ROOT, alive, procscan_cmd, wait_for
 
 from hold_supervisor.proc import scan
 
@@ -110,13 +110,6 @@ def assert_all_gone(base: Path, timeout: float = 10) -> None:
     wait_for(lambda: not any(alive(p) for p in every), timeout, what=f"pids {every} to end")
     if (base / "device").exists():
         assert holders(base / "device") == []
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def free_port() -> int:
@@ -463,7 +456,7 @@ def test_sigkill_of_hold_up_the_daemon_stops_everything(tmp_path: Path, cgroup_m
     launchers = [
         st.pid
         for st in scan.snapshot().values()
-        if st.ppid == up.proc.pid and b"hold\0up\0" in _cmdline(st.pid)
+        if st.ppid == up.proc.pid and " hold up " in procscan_cmd(st.pid)
     ]
     up.proc.kill()
     up.proc.wait()

@@ -222,7 +222,7 @@ def test_escapee_is_stopped_at_the_timeout(runner_for: object, tmp_path: Path) -
     assert_gone(pids)
     # The timeout, then the grace (0.3 s), then the kill: bounded.
     assert 1.0 <= took < 1.0 + 0.3 + LOADED, took
-    assert r.wall < 1.0 + 0.3 + 2.0
+    assert r.wall < 1.0 + 0.3 + LOADED
     rec = records(tmp_path / "calls.log")
     assert len(rec) == 1 and rec[0]["exit"] == 124 and rec[0]["survivors"] == []
     assert rec[0]["call"] == r.call_id and rec[0]["args_sha256"] == r.args_sha256
