@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PROGS, alive, as_user, unpriv_python, wait_for
+from conftest import LOADED, PROGS, alive, as_user, unpriv_python, wait_for
 
 from hold_supervisor.environ import minimal_env
 from hold_supervisor.proc.cgroup import Hierarchy, Leaf
@@ -208,15 +208,42 @@ def _holders(path: Path) -> list[int]:
     return found
 
 
+# The addresses the tests' own listeners use: the tree's (127.0.0.1) and the
+# other user's (127.0.0.2). Listeners elsewhere (another suite's, on [::1] or
+# 127.0.0.3) may share the port number, which the kernel hands out per
+# address: not ours to count.
+_OURS = {"0100007F": "127.0.0.1", "0200007F": "127.0.0.2"}
+
+
 def _tcp_listeners(port: int) -> list[str]:
+    """The addresses of ours listening on TCP ``port``, sorted."""
     out = []
-    for proto in ("tcp", "tcp6"):
-        with open(f"/proc/net/{proto}") as f:
-            for line in f.read().splitlines()[1:]:
-                parts = line.split()
-                if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "0A":
-                    out.append(line)
-    return out
+    with open("/proc/net/tcp") as f:
+        for line in f.read().splitlines()[1:]:
+            parts = line.split()
+            addr, hexport = parts[1].split(":")
+            if int(hexport, 16) == port and parts[3] == "0A" and addr in _OURS:
+                out.append(_OURS[addr])
+    return sorted(out)
+
+
+def _listening(port: int, *addrs: str) -> None:
+    """Wait, bounded, until exactly ``addrs`` of ours listen on ``port``.
+
+    Why not one look: /proc/net/tcp is read a page at a time, each read
+    resuming where the last left off, so while other sockets come and go
+    (other tests, other suites) one reading can skip or repeat a line. A
+    state that holds is seen within a few looks."""
+    seen: list[list[str]] = []
+
+    def look() -> bool:
+        seen.append(_tcp_listeners(port))
+        return seen[-1] == sorted(addrs)
+
+    try:
+        wait_for(look, LOADED, 0.05, f"{sorted(addrs)} listening on tcp/{port}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last seen {seen[-1]}") from None
 
 
 def _port_is_free(port: int) -> bool:
@@ -255,7 +282,7 @@ def _assert_all_gone(s: Started, idents: dict[str, list[ProcessId]], port: int) 
             assert not ident.is_running(), f"{role} {ident} still runs"
     assert _marked(s.tree_id) == []
     assert _holders(s.device) == []
-    assert _tcp_listeners(port) == []
+    _listening(port)
     assert _port_is_free(port)
     if s.leaf is not None:
         assert not s.leaf.populated()
@@ -284,7 +311,8 @@ def test_nasty_tree_is_stopped_completely(
     assert est.session == est.pgrp and not alive(est.session)  # its session leader is gone
     assert est.ppid == os.getpid()  # re-parented to us, the subreaper
     assert _holders(s.device) == [escapee.pid]
-    assert len(_tcp_listeners(port)) == 1 and not _port_is_free(port)
+    _listening(port, "127.0.0.1")
+    assert not _port_is_free(port)
 
     report = s.stop(grace=0.3)
 
@@ -294,9 +322,11 @@ def test_nasty_tree_is_stopped_completely(
     assert report.method == cgroup_mode
     assert "survivor check empty" in report.summary()
     assert report.grace_used >= 0.3
-    # Killed in one go: no second round of the survivor check (which costs
-    # seconds of waiting) was needed. Generous, for a machine under load.
-    assert report.grace_used <= report.duration < report.grace_used + 1.5, report.summary()
+    # Killed in one go: the survivor check found nothing to kill in a second
+    # round. (Said by the report, not by the time it took: on a loaded machine
+    # the kill and the check alone can take seconds.)
+    assert report.escalated == [], report.summary()
+    assert report.grace_used <= report.duration < report.grace_used + LOADED, report.summary()
 
     stopped = {m.pid: m for m in report.stopped}
     for role, idents in ids.items():
@@ -378,15 +408,15 @@ def test_polite_tree_exits_within_the_grace(
     port = s.port
     (escapee,) = ids["escapee"]
 
-    report = s.stop(grace=10.0)
+    report = s.stop(grace=60.0)
 
     _assert_all_gone(s, ids, port)
     assert report.ok, report.summary()
     assert report.outcome == "exited", report.summary()
     assert report.killed == []
     assert escapee.pid in {m.pid for m in report.stopped}
-    # Woken when the last one left, not at the end of the grace.
-    assert report.grace_used < 5.0, report.summary()
+    # Woken when the last one left, not at the end of the grace (60 s).
+    assert report.grace_used < LOADED, report.summary()
     # The escapee got the polite signal too, and shut down on its own.
     assert ("bye escapee", escapee.pid) in s.lines()
     assert _wait(s.child) == -signal.SIGTERM
@@ -519,7 +549,7 @@ def test_another_users_process_on_the_trees_file_and_port_is_left_alone(
         s.tree.owned = owned_pids()
         assert other.pid not in s.tree.members()
         assert sorted(_holders(s.device)) == sorted([ids["escapee"][0].pid, other.pid])
-        assert len(_tcp_listeners(port)) == 2
+        _listening(port, "127.0.0.1", "127.0.0.2")
 
         report = s.stop(grace=0.3)
 
@@ -540,7 +570,8 @@ def test_another_users_process_on_the_trees_file_and_port_is_left_alone(
                 assert not ident.is_running(), f"{role} {ident} still runs"
         assert _marked(s.tree_id) == []
         assert _holders(s.device) == [other.pid]
-        assert len(_tcp_listeners(port)) == 1 and _port_is_free(port)  # 127.0.0.1's is gone
+        _listening(port, "127.0.0.2")  # 127.0.0.1's is gone
+        assert _port_is_free(port)
         if s.leaf is not None:
             assert not s.leaf.populated()
         assert _wait(s.child) == -signal.SIGKILL
@@ -743,7 +774,7 @@ def test_a_port_kept_by_an_owner_it_may_not_inspect_is_reported_not_failed(
         other = _spawn_until(
             argv, minimal_env(os.environ, tree_id=f"other-{uuid.uuid4().hex[:12]}"), other_user
         )
-        assert len(_tcp_listeners(port)) == 2
+        _listening(port, "127.0.0.1", "127.0.0.2")
 
         assert stopper.stdin is not None
         stopper.stdin.write("go\n")
