@@ -468,6 +468,7 @@ def signals_given_back() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind() -> Iterator[None]:
+    _FIRST_SEEN.clear()
     before = {(st.pid, st.starttime) for st in _live_descendants()}
     cgroup = TestCgroup.enter()
     try:
@@ -603,9 +604,23 @@ def wait_in_line(cls: str, n: int, timeout: float = 20) -> None:
     wait_for(lambda: in_line(cls) == n, timeout, 0.05, f"{n} waiting for {cls}")
 
 
+# A pid names a process only until the pid is reused, and on a machine whose
+# pid_max is 32,768, with suites forking beside each other, it comes round
+# again within minutes: a process a test saw alive and then waits to see gone
+# can be "alive" again as someone else's. So ``alive`` keeps, for the test
+# that asks, the start time of the process it first saw at each pid (cleared
+# as each test starts, by ``no_process_left_behind``); a later process at
+# that pid is not the one asked about. (A test that holds a ``ProcessId``
+# compares the start time itself.)
+_FIRST_SEEN: dict[int, int] = {}
+
+
 def alive(pid: int) -> bool:
+    """Whether the process this test first saw at ``pid`` still runs (not a zombie)."""
     st = scan.stat_of(pid)
-    return st is not None and not st.is_dead
+    if st is None:
+        return False
+    return _FIRST_SEEN.setdefault(pid, st.starttime) == st.starttime and not st.is_dead
 
 
 # --------------------------------------------------------------------------

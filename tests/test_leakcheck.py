@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 from conftest import alive, wait_for
 
@@ -174,3 +175,22 @@ def test_leak_check_neither_counts_nor_removes_a_leaf_someone_else_made(tmp_path
             child.wait()
         if other is not None:
             os.rmdir(other.path)
+
+
+def test_alive_means_the_process_first_seen_at_that_pid() -> None:
+    """``alive`` (conftest) answers for the process a test first saw at a pid:
+    once it has exited, a later process given the same pid is not it. Pid
+    reuse cannot be ordered on demand, so the later process is stood in for
+    by this one, with its first sighting made earlier than it started."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not alive(child.pid)
+
+    me = os.getpid()
+    assert alive(me)
+    conftest._FIRST_SEEN[me] -= 1  # what a first sighting of an earlier process leaves
+    assert not alive(me)
