@@ -70,6 +70,9 @@ def test_sigkill_of_either_leaves_nothing(tmp_path: Path, how: str, victim: str)
         got = _ready(ready)
         launcher = _launcher_of(proc.pid)
         assert _comm(proc.pid) == "hold-keeper"
+        # The name was the keeper's before the fork; the launcher took back its own.
+        started_as = "npu-hold" if how == "npu-hold" else Path(sys.executable).name[:15]
+        assert _comm(launcher) == started_as
         assert alive(got["escapee"]) and scan.stat_of(got["escapee"]).ppid == launcher  # type: ignore[union-attr]
         os.kill(launcher if victim == "launcher" else proc.pid, signal.SIGKILL)
         _all_gone([got["command"], got["escapee"], launcher])

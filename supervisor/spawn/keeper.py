@@ -64,13 +64,23 @@ def split(grace: float, spare: Callable[[], set[int]] = set) -> bool:
         return False
     keeper = os.getpid()
     launcher_reaps = is_subreaper()  # the flag is not inherited across fork: kept by hand
+    libc = ctypes.CDLL(None, use_errno=True)
     # Before the fork: the launcher's orphans must have somewhere to go from
-    # its first instant.
+    # its first instant; and the keeper has its name by then, or whoever sees
+    # the launcher's first command could still find the keeper under the
+    # launcher's name (renamed after the fork, a loaded machine let a shell
+    # started by the launcher answer first). The launcher takes its name back.
     become_subreaper()
-    pid = os.fork()
+    name = _own_name()
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(NAME), 0, 0, 0)
+    try:
+        pid = os.fork()
+    except BaseException:
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+        raise
     if pid == 0:
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
         become_subreaper(launcher_reaps)
-        libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != keeper:  # the keeper died before the prctl took effect
             os.kill(os.getpid(), signal.SIGTERM)
@@ -81,12 +91,16 @@ def split(grace: float, spare: Callable[[], set[int]] = set) -> bool:
         os._exit(125)  # never back into the caller's code (its finalisers are the launcher's)
 
 
+def _own_name() -> bytes:
+    """This process's name (``comm``, at most 15 bytes), as ``PR_SET_NAME`` takes it."""
+    with open("/proc/self/comm", "rb") as f:
+        return f.read().rstrip(b"\n")
+
+
 def _keep(launcher: int, grace: float, spare: Callable[[], set[int]]) -> None:
     signal.set_wakeup_fd(-1)  # the launcher's wakeup pipe, about to be closed here
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.closerange(3, _fd_limit())
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_NAME, ctypes.c_char_p(NAME), 0, 0, 0)
 
     def forward(signum: int, _frame: object) -> None:
         try:
