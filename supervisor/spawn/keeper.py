@@ -45,6 +45,7 @@ from hold_supervisor.proc import scan
 from hold_supervisor.proc.reaper import become_subreaper, is_subreaper
 
 PR_SET_NAME = 15
+PR_GET_NAME = 16
 PR_SET_PDEATHSIG = 1
 NAME = b"hold-keeper"
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
@@ -71,7 +72,7 @@ def split(grace: float, spare: Callable[[], set[int]] = set) -> bool:
     # launcher's name (renamed after the fork, a loaded machine let a shell
     # started by the launcher answer first). The launcher takes its name back.
     become_subreaper()
-    name = _own_name()
+    name = _own_name(libc)
     libc.prctl(PR_SET_NAME, ctypes.c_char_p(NAME), 0, 0, 0)
     try:
         pid = os.fork()
@@ -91,10 +92,11 @@ def split(grace: float, spare: Callable[[], set[int]] = set) -> bool:
         os._exit(125)  # never back into the caller's code (its finalisers are the launcher's)
 
 
-def _own_name() -> bytes:
+def _own_name(libc: ctypes.CDLL) -> bytes:
     """This process's name (``comm``, at most 15 bytes), as ``PR_SET_NAME`` takes it."""
-    with open("/proc/self/comm", "rb") as f:
-        return f.read().rstrip(b"\n")
+    buf = ctypes.create_string_buffer(16)
+    libc.prctl(PR_GET_NAME, buf, 0, 0, 0)
+    return buf.value
 
 
 def _keep(launcher: int, grace: float, spare: Callable[[], set[int]]) -> None:
