@@ -623,6 +623,17 @@ def alive(pid: int) -> bool:
     return _FIRST_SEEN.setdefault(pid, st.starttime) == st.starttime and not st.is_dead
 
 
+def exec_done(pid: int, comm: str = "sleep") -> bool:
+    """Has ``pid`` finished its ``execve`` of ``comm`` with an empty environment?
+
+    A test program writes an escapee's pid down before the exec (after it, the
+    program is ``sleep``), so read at once the pid may still be python, with
+    the old environment: a test that asserts the new image waits on this."""
+    if (st := scan.stat_of(pid)) is None or st.comm != comm:
+        return False
+    return scan.environ(pid) == b""
+
+
 # --------------------------------------------------------------------------
 # Unprivileged users: a real account, and a copy of this package and its
 # dependencies that the account may read (the checkout and the venv may sit

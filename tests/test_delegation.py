@@ -32,9 +32,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import HOLD, alive, as_user, stop_daemon, unpriv_python, wait_for
+from conftest import HOLD, alive, as_user, exec_done, stop_daemon, unpriv_python, wait_for
 
-from hold_supervisor.proc import scan
 from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy, Leaf, own_cgroup, v2_mount
 
 DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
@@ -135,14 +134,6 @@ def _user_python(user: str, runtime: Path) -> str:
     pytest.skip(f"no Python here that {user} may run with the copied runtime")
 
 
-def _exec_done(pid: int) -> bool:
-    """Is ``pid`` sleep now, with the empty environment of its exec in place?"""
-    with open(f"/proc/{pid}/comm") as f:
-        if f.read().strip() != "sleep":
-            return False
-    return scan.environ(pid) == b""
-
-
 @pytest.mark.parametrize("where", ["own", "below"])
 def test_sigkilled_hold_run_in_a_delegated_subtree_leaves_no_vanished_descendant(
     tmp_path: Path, unpriv_user: str, unpriv_runtime: Path, delegation: Delegation, where: str
@@ -196,7 +187,7 @@ def test_sigkilled_hold_run_in_a_delegated_subtree_leaves_no_vanished_descendant
         assert "no cgroup for this command" not in err, err
         # The escapee really vanished from every walk (once its exec is done:
         # it writes its pid down before, and read at once it may still be python)...
-        wait_for(lambda: _exec_done(escapee), 20, 0.02, "the escapee's exec of sleep")
+        wait_for(lambda: exec_done(escapee), 20, 0.02, "the escapee's exec of sleep")
         with open(f"/proc/{escapee}/environ", "rb") as f:
             assert f.read() == b""
         with open(f"/proc/{escapee}/stat") as f:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import LOADED, PROGS, alive, as_user, unpriv_python, wait_for
+from conftest import LOADED, PROGS, alive, as_user, exec_done, unpriv_python, wait_for
 
 from hold_supervisor.environ import minimal_env
 from hold_supervisor.proc.cgroup import Hierarchy, Leaf
@@ -962,6 +962,8 @@ def test_members_that_move_to_another_cgroup_are_found_and_stopped(
         assert sorted(away.pids()) == sorted([sl.pid, ml.pid])
         assert s.leaf.pids() == [s.child.pid]
         assert set(s.tree.members()) == {s.child.pid}
+        # The session leaver writes its pid down before its exec of sleep.
+        wait_for(lambda: exec_done(sl.pid), LOADED, 0.02, "the session leaver's exec of sleep")
         sst, mst = read_stat(sl.pid), read_stat(ml.pid)
         assert sst.session == s.child.pid and sst.ppid == os.getpid() and sst.comm == "sleep"
         assert mst.session != s.child.pid and not alive(mst.session)  # its own, leader gone
