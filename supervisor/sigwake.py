@@ -13,7 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
+from typing import Any
+
+# What signal.getsignal returns (None: a handler not installed from Python).
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 @contextlib.contextmanager
@@ -21,17 +26,24 @@ def signals_to_pipe(signums: Iterable[int], *, ignore: Iterable[int] = ()) -> It
     """``signums`` written to a fresh non-blocking pipe whose read end is yielded
     (read it with :func:`drain`); ``ignore`` set to SIG_IGN meanwhile."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    old: dict[int, object] = {num: signal.signal(num, _noop) for num in signums}
-    for num in ignore:
-        old[num] = signal.signal(num, signal.SIG_IGN)
-    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    old: dict[int, Handler] = {}
     try:
-        yield wake_r
+        # Written down before it is replaced: every handler is put back even if
+        # taking a later one fails (a bad number, or a signal not yet taken
+        # coming in between, whose handler raises -- hold run's, until here).
+        taken: list[tuple[int, Handler]] = [(n, _noop) for n in signums]
+        for num, handler in [*taken, *((n, signal.SIG_IGN) for n in ignore)]:
+            old.setdefault(num, signal.getsignal(num))
+            signal.signal(num, handler)
+        old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            yield wake_r
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
     finally:
-        signal.set_wakeup_fd(old_wakeup)
-        for num, handler in old.items():
-            if handler is not None:
-                signal.signal(num, handler)  # type: ignore[arg-type]
+        for num, was in old.items():
+            if was is not None:  # None: not set from Python; left as it is
+                signal.signal(num, was)
         os.close(wake_r)
         os.close(wake_w)
 

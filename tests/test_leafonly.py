@@ -201,8 +201,15 @@ def test_holders_of_what_a_leaf_tree_held_are_still_found(leaf: Leaf, tmp_path: 
     env = minimal_env(os.environ, tree_id=tree_id)
     held = tmp_path / "held"
     held.write_bytes(b"")
-    child = spawn(["sh", "-c", f'exec 3<"{held}"; exec sleep 60'], env=env, cgroup=leaf)
-    other = spawn(["sh", "-c", f'exec 3<"{held}"; exec sleep 60'], env=dict(env, HOLD_TREE="x"))
+    fifo = tmp_path / "never"
+    os.mkfifo(fifo)
+    # sh holds the file and waits on a FIFO it also holds for writing (so no EOF
+    # comes), with no exec after the open: a stop as ``exec sleep`` loaded its
+    # libraries found the dynamic loader's libc.so.6 held too, and listed every
+    # process on the machine loading it as a holder (1 soaked run in 70).
+    script = f'exec 3<"{held}" 4<>"{fifo}"; read x <&4'
+    child = spawn(["sh", "-c", script], env=env, cgroup=leaf)
+    other = spawn(["sh", "-c", script], env=dict(env, HOLD_TREE="x"))
     try:
         for c in (child, other):
             wait_for(partial(holds, c.pid, held), what=f"pid {c.pid} to hold the file")

@@ -35,13 +35,13 @@ from hold_supervisor.spawn.child import Child, owned_pids, spawn
 TOP_UPS = 4
 
 
-def _spawn_at(pid: int) -> subprocess.Popen[bytes] | None:
+def _spawn_at(pid: int, new_session: bool = False) -> subprocess.Popen[bytes] | None:
     """A new process at ``pid`` (free now), through ns_last_pid (root); None if
     other forks on the machine keep taking it first."""
     for _ in range(100):
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(pid - 1))
-        p = subprocess.Popen(["sleep", "60"])
+        p = subprocess.Popen(["sleep", "60"], start_new_session=new_session)
         if p.pid == pid:
             return p
         p.kill()
@@ -169,6 +169,39 @@ class _Injecting(ProcCache):
         if inject is not None:
             inject()
         return procs
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["walk", "cached"])
+def test_a_session_of_the_exited_roots_reused_pid_is_not_the_trees(cached: bool) -> None:
+    """The root has exited, and its group and session with it (the kernel keeps
+    a pid's number taken while anyone is in its group or session); a new
+    process gets the root's pid and leads a group and session of that number.
+    It is nobody of the tree's: not found by group or session, not signalled.
+    (A process spawned beside another suite's fork loop had the exited root's
+    pid, and was stopped as a member by group and session.)"""
+    if os.geteuid() != 0:
+        pytest.skip("placing a process at a chosen pid (ns_last_pid) needs root")
+    tree_id = f"t-{uuid.uuid4().hex[:12]}"
+    root = spawn(["true"], env=minimal_env(os.environ, tree_id=tree_id))
+    assert _wait(root) == 0
+    reuser = _spawn_at(root.pid, new_session=True)
+    if reuser is None:
+        pytest.skip(f"pid {root.pid} kept being taken by other forks")
+    try:
+        st = read_stat(reuser.pid)
+        assert st.pgrp == st.session == root.pid and st.starttime > root.ident.starttime
+        cache = ProcCache() if cached else None
+        tree = Tree(tree_id, root.ident, root.pid, root.pid, owned=owned_pids(), cache=cache)
+
+        report = stop_tree(tree, grace=2.0)
+
+        assert tree.ids_reused
+        assert report.stopped == [] and report.outcome == "empty", report.summary()
+        assert report.ok and report.survivors == [], report.summary()
+        assert reuser.poll() is None, "a process of a reused session number was signalled"
+    finally:
+        reuser.kill()
+        reuser.wait()
 
 
 def test_a_member_born_between_two_looks_is_found_by_the_second(

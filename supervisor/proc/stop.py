@@ -255,7 +255,7 @@ def _own_group(tree: Tree, procs: dict[int, Stat], members: dict[int, Member]) -
     ours, none another user's where the tree has a uid limit); a live member
     also keeps the number from being reused by another group meanwhile.
     """
-    if tree.pgid is None or tree.leaf_only:
+    if tree.pgid is None or tree.leaf_only or tree.ids_reused:
         # (A leaf's look read no one outside it: the group's other processes
         # are unknown.)
         return None

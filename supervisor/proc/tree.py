@@ -86,6 +86,8 @@ class Tree:
     ``adopts_orphans``: this process is a subreaper and this is the only tree
     whose orphans it adopts, so its unowned children belong to the tree;
     ``owned`` are children of ours that others reap (never "adopted").
+    ``ids_reused``: a look found the root's pid taken by another process, so
+    nobody is a member by the group or session of that number any more.
     ``seen`` remembers every member ever found, to find their descendants
     after the process between them has exited. ``cache``: looks may skip the
     processes it proves older than the root (:mod:`hold_supervisor.proc.cache`).
@@ -101,6 +103,7 @@ class Tree:
         "born_in_leaf",
         "cache",
         "escaped",
+        "ids_reused",
         "leaf",
         "owned",
         "pgid",
@@ -139,6 +142,9 @@ class Tree:
         self.spare = spare
         self.pgid = pgid
         self.sid = sid
+        # The root's pid (its group's and session's number) was seen taken by
+        # another process: the group and session of that number are not ours.
+        self.ids_reused = False
         self.leaf = leaf
         self.adopts_orphans = adopts_orphans
         self.owned = owned
@@ -412,6 +418,7 @@ class Tree:
             # Once a member, a member while it lives: one that left the leaf,
             # its session and its marker, whose parent then died, is found here.
             add(pid, "seen")
+        self._note_reused_ids(procs)
         for st in procs.values():
             if self.pgid is not None and st.pgrp == self.pgid and self._plausible(st):
                 add(st.pid, "group")
@@ -571,7 +578,27 @@ class Tree:
         # A group or session id is the pid of the process that created it. Once
         # that process and every member are gone the number may be reused by an
         # unrelated group; a member that started before the root cannot be ours.
-        return st.starttime >= self.since
+        return st.starttime >= self.since and not self.ids_reused
+
+    def _note_reused_ids(self, procs: dict[int, Stat]) -> None:
+        """Whether the root's pid, the number of its group and session, now names
+        another process (see :attr:`ids_reused`).
+
+        The kernel keeps a pid number taken while any process has it as its
+        pid, group or session, so a new process gets the root's number only
+        once the root and everyone in its group and session are gone; from
+        then on, whoever has that group or session id is in a new one. (Seen
+        beside suites that fork in a loop: a process spawned as the tree was
+        stopped had the exited root's pid, led a session of that number, and
+        was taken for a member by session.) Where nobody has the number now, a
+        start time after the root's is all that can be asked (:meth:`_plausible`).
+        """
+        root = self.root
+        if root is None or self.ids_reused or root.pid not in (self.pgid, self.sid):
+            return
+        st = procs.get(root.pid)
+        if st is not None and st.starttime != root.starttime:
+            self.ids_reused = True
 
     def forget_dead(self) -> None:
         self.seen = {i for i in self.seen if i.matches()}

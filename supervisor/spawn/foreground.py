@@ -132,7 +132,6 @@ class Foreground:
         Raises :class:`~hold_supervisor.spawn.child.SpawnError` if the command cannot
         start (nothing is left running then).
         """
-        self._ran = True
         with self._signals_taken() as wake_r:
             if not self._prepared:
                 self.prepare()
@@ -141,6 +140,11 @@ class Foreground:
             except BaseException:
                 self._remove_leaf()
                 raise
+            # Only now is the leaf ours to remove (below): a signal whose handler
+            # raises (hold run's, until ours are taken) can come before, and then
+            # the caller's scope (:meth:`until_run`) must still remove it. Once
+            # in 8 soaked suites a waiter SIGTERMed as it was granted left it.
+            self._ran = True
             self.child = child
             self.tree = tree = Tree(
                 tree_id=self.tree_id,
