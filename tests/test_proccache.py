@@ -184,6 +184,10 @@ def test_a_session_of_the_exited_roots_reused_pid_is_not_the_trees(cached: bool)
     tree_id = f"t-{uuid.uuid4().hex[:12]}"
     root = spawn(["true"], env=minimal_env(os.environ, tree_id=tree_id))
     assert _wait(root) == 0
+    # A few clock ticks: identity is (pid, start time in ticks), and a pid given
+    # again within the root's tick (only ns_last_pid does that; a wrap of the
+    # pids takes longer) would be the root's identity too.
+    time.sleep(0.05)
     reuser = _spawn_at(root.pid, new_session=True)
     if reuser is None:
         pytest.skip(f"pid {root.pid} kept being taken by other forks")
