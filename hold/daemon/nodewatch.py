@@ -37,9 +37,12 @@ than what survives them ("no open since", and "held" while above zero):
   opens the old watch never sees. :meth:`NodeWatch.current` compares the
   path's inode with the watched one.
 
-What a watch cannot see at all: a node of the same device with another
-inode (``mknod`` elsewhere, a container's own ``/dev``). The daemon's scans
-match holders by device number and cover those (:mod:`hold.daemon.occupancy`).
+A watch sees only its own inode. A node of the same device with another
+inode (``mknod`` elsewhere, a container's own ``/dev`` on a tmpfs) sends it
+nothing: :mod:`hold.daemon.mountns` finds such nodes in every mount namespace
+and watches them here too (:meth:`NodeWatch.watch_other`: no directory beside
+them, so each of their opens is unpaired), and watches the directories they
+were made in for new ones (:meth:`NodeWatch.watch_made`).
 
 The watch only counts; whether a count may be believed (what the scan that
 started it saw, what happened since) is :mod:`hold.daemon.occupancy`'s question.
@@ -50,6 +53,7 @@ every method takes the watch's lock.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 import threading
@@ -68,11 +72,14 @@ IN_DELETE_SELF = 0x00000400
 IN_MOVE_SELF = 0x00000800
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
+IN_DONT_FOLLOW = 0x02000000
+IN_MASK_CREATE = 0x10000000
 IN_MASK_ADD = 0x20000000
 IN_CLOSE = IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
 
 NODE_MASK = IN_OPEN | IN_CLOSE | IN_DELETE_SELF | IN_MOVE_SELF
 DIR_MASK = IN_OPEN | IN_CLOSE | IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
+MADE_MASK = IN_CREATE | IN_MOVED_TO  # a directory where a node may be made (watch_made)
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 
 
@@ -124,6 +131,10 @@ class NodeWatch:
         self._lock = threading.Lock()
         self._nodes: dict[int, Counted] = {}  # node watch descriptor -> its count
         self._dirs: dict[int, str] = {}  # parent directory's watch descriptor -> its path
+        # Directories watched for new entries (watch_made) -> who asked (a tag);
+        # the tags whose directory gained an entry since the last take_made.
+        self._made: dict[int, object] = {}
+        self._made_since: set[object] = set()
         self._last: tuple[int, int, bytes] | None = None  # the previous event (wd, mask, name)
         self.overflows = 0
 
@@ -159,6 +170,58 @@ class NodeWatch:
                 counted = Counted(real, st.st_dev, st.st_ino, wd, pwd, name.encode())
                 self._nodes[wd] = counted
             return counted
+
+    def watch_other(self, path: str) -> Counted | None:
+        """Start counting the open files of the inode ``path`` names, a node found
+        outside the configuration (see :mod:`hold.daemon.mountns`; the path is
+        resolved in the calling thread's mount namespace, and not followed if
+        it is a symbolic link). None where that inode is counted already (a
+        bind mount of a node watched here). Its parent directory is not
+        watched: every open of it counts as unpaired. Raises
+        :class:`WatchUnavailable` where it cannot be watched.
+        """
+        with self._lock:
+            try:
+                st = os.lstat(path)
+            except OSError as e:
+                raise WatchUnavailable(f"{path}: {e.strerror}") from None
+            for c in self._nodes.values():
+                if (c.dev, c.ino) == (st.st_dev, st.st_ino):
+                    return None
+            # IN_MASK_CREATE: an inode watched already keeps its mask (an
+            # add without it would replace the mask of that watch).
+            mask = NODE_MASK | IN_DONT_FOLLOW | IN_MASK_CREATE
+            wd = int(self._add(self.fd, os.fsencode(path), mask))
+            if wd < 0:
+                err = ctypes.get_errno()
+                if err == errno.EEXIST:
+                    return None
+                raise WatchUnavailable(f"inotify_add_watch {path}: {os.strerror(err)}")
+            counted = Counted(path, st.st_dev, st.st_ino, wd, -1, b"")
+            self._nodes[wd] = counted
+            return counted
+
+    def watch_made(self, path: str, tag: object) -> None:
+        """Note ``tag`` in :meth:`take_made` when an entry is made in directory ``path``
+        (resolved in the calling thread's mount namespace, not followed)."""
+        with self._lock:
+            wd = self._add_watch(path, MADE_MASK | IN_DONT_FOLLOW | IN_MASK_ADD)
+            self._made[wd] = tag
+
+    def forget_made(self, tag: object) -> None:
+        """Stop watching the directories :meth:`watch_made` watches for ``tag``."""
+        with self._lock:
+            for wd in [w for w, t in self._made.items() if t == tag]:
+                del self._made[wd]
+                if wd not in self._dirs and wd not in self._nodes:
+                    self._rm(self.fd, wd)
+            self._made_since.discard(tag)
+
+    def take_made(self) -> set[object]:
+        """The tags whose directories gained an entry since the last call."""
+        with self._lock:
+            out, self._made_since = self._made_since, set()
+            return out
 
     def _add_watch(self, path: str, mask: int) -> int:
         wd = int(self._add(self.fd, os.fsencode(path), mask))
@@ -222,6 +285,11 @@ class NodeWatch:
                     c.lost = "the event queue overflowed"
                     moved.add(c.wd)
                 continue
+            if wd in self._made:
+                if mask & (IN_CREATE | IN_MOVED_TO):
+                    self._made_since.add(self._made[wd])
+                elif mask & IN_IGNORED:  # its file system is gone (a container's /dev)
+                    del self._made[wd]
             counted = self._nodes.get(wd)
             if counted is not None:
                 self._on_node(counted, mask, last)

@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 import threading
 from typing import Any, Literal, NamedTuple
 
+from hold.daemon.mountns import MountNamespaces
 from hold.daemon.nodewatch import Counted, NodeWatch, WatchUnavailable
 from hold.devices.classes import DeviceClass, node_key
 from hold.devices.holders import Holder, details, device_memory, scan, targets
@@ -58,6 +60,19 @@ from hold_supervisor.proc.tree import Tree
 
 Trust = Literal["exact", "opens"]
 Holders = dict[int, list[dict[str, Any]]]  # device index -> who holds one of its nodes
+
+
+def _device_number(path: str) -> tuple[str | None, int]:
+    """``("c"|"b", rdev)`` of a device node (its other nodes share it); (None, 0) else."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, 0
+    if stat.S_ISCHR(st.st_mode):
+        return "c", st.st_rdev
+    if stat.S_ISBLK(st.st_mode):
+        return "b", st.st_rdev
+    return None, 0
 
 
 def has_nodes(cls: DeviceClass) -> bool:
@@ -83,6 +98,34 @@ class Occupancy:
         self.counts: dict[str, Counted] = {}  # device key -> its node's count
         self.trust: dict[str, Trust] = {}  # device key -> how far its count is believed
         self.not_watched: dict[str, str] = {}  # device key -> why it has no count
+        # The device's other nodes (other inodes, other mount namespaces: see
+        # hold.daemon.mountns), each counted like its own node, and how many
+        # times a node was added to or lost from that list (a scan that saw
+        # the list change while it ran is no baseline).
+        self.others: dict[str, list[Counted]] = {}
+        self.epochs: dict[str, int] = {}
+        self.namespaces: MountNamespaces | None = None
+        self._devices: dict[tuple[str, int], str] = {}  # ("c"|"b", rdev) -> device key
+        self._patterns: list[str] = []
+        if self.watch is not None and os.geteuid() == 0:
+            self.namespaces = MountNamespaces(self.watch)
+        self.log: Any = None  # the daemon's logger, where there is one
+
+    def witness(self) -> str | None:
+        """Why the count of the nodes found cannot stand alone here (None where it can).
+
+        Root: a holder may come through a node of another inode in another
+        mount namespace; the count stands only while every namespace is
+        walked (:mod:`hold.daemon.mountns`). A daemon of one user (not root)
+        cannot walk them, and needs no walk for what its user can do: no
+        unprivileged process can make a device node, and a namespace of its
+        own reaches a device only through a bind mount of a node counted
+        here. What root made for the user (a rootful container run as that
+        user) is its blind spot, named in ``hold status``.
+        """
+        if os.geteuid() != 0 or self.namespaces is None:
+            return None
+        return self.namespaces.unavailable
 
     def fileno(self) -> int | None:
         return self.watch.fd if self.watch is not None else None
@@ -93,9 +136,15 @@ class Occupancy:
             if self.watch is not None:
                 for counted in self.counts.values():
                     self.watch.forget(counted)
+                for others in self.others.values():
+                    for o in others:
+                        self.watch.forget(o)
             self.counts.clear()
             self.trust.clear()
             self.not_watched.clear()
+            self.others.clear()
+            self._devices.clear()
+            self._patterns = [p for cls in classes.values() for p in cls.nodes]
             for name, cls in classes.items():
                 for path in cls.device_nodes():
                     # Each path's own key, not zipped with ``keys``: a node gone
@@ -112,6 +161,31 @@ class Occupancy:
                         self.counts[key] = self.watch.watch(path)
                     except WatchUnavailable as e:
                         self.not_watched[key] = str(e)
+                        continue
+                    kind, rdev = _device_number(path)
+                    if kind is not None:
+                        self._devices[(kind, rdev)] = key
+        if self.namespaces is not None:
+            self.namespaces.forget()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Watch the nodes of the tracked devices in mount namespaces that are new or
+        changed since the last call (:mod:`hold.daemon.mountns`). A node watched
+        late may have been opened before: its device's count starts over."""
+        if self.namespaces is None or not self._devices:
+            return
+        found = self.namespaces.refresh(self._devices, self._patterns)
+        with self._lock:
+            for key, counted in found.nodes:
+                self.others.setdefault(key, []).append(counted)
+                self.epochs[key] = self.epochs.get(key, 0) + 1
+                self.trust.pop(key, None)
+        if self.log is not None:
+            for key, counted in found.nodes:
+                self.log.info("node_watched", device=key, node=counted.path)
+            for error in found.errors:
+                self.log.warning("mount_namespace_unread", error=error)
 
     def drain(self) -> set[str]:
         """Read the kernel's events; the device keys whose count moved."""
@@ -119,10 +193,26 @@ class Occupancy:
             return set()
         moved = self.watch.drain()
         with self._lock:
-            return {k for k, c in self.counts.items() if c.wd in moved}
+            out = {k for k, c in self.counts.items() if c.wd in moved}
+            for key, others in self.others.items():
+                if any(o.wd in moved for o in others):
+                    out.add(key)
+                lost = [o for o in others if o.lost]
+                if lost:
+                    # Its file system went (a container ended) or the node was
+                    # removed: the inode may still be open elsewhere.
+                    others[:] = [o for o in others if not o.lost]
+                    for o in lost:
+                        self.watch.forget(o)
+                    self.epochs[key] = self.epochs.get(key, 0) + 1
+                    self.trust.pop(key, None)
+            return out
 
     def known_empty(self, keys: list[str]) -> bool:
         """Does the kernel's count prove every device of ``keys`` empty now?"""
+        if self.witness() is not None:
+            return False
+        self.refresh()
         self.drain()
         with self._lock:
             return all(self._empty(k) for k in keys)
@@ -145,13 +235,16 @@ class Occupancy:
         # 2,000 times each, unread: 3,722 of 4,000 counted (Linux 6.18), and a
         # soak granted a device that a stray held for a second. Merging only
         # ever loses an event beside another, so "no open at all" is proof.
-        return not c.opened
+        return not c.opened and not any(o.opened for o in self.others.get(key, ()))
 
     def held(self, keys: list[str]) -> bool | None:
         """Does anyone hold one of ``keys`` now: the count's answer where it can give
         one, else None. Held where an exact count is above zero (events can be
         merged away, never made up); not held where no open came since the
         count's scan (see :meth:`_empty`); else unknown."""
+        if self.witness() is not None:
+            return None
+        self.refresh()
         self.drain()
         with self._lock:
             out = False
@@ -161,12 +254,15 @@ class Occupancy:
                     return None
                 if self.trust[k] == "exact" and c.open_files > 0 and not c.unpaired:
                     out = True
-                elif c.opened:
+                elif c.opened or any(o.opened for o in self.others.get(k, ())):
                     return None
             return out
 
     def why_not(self, key: str) -> str:
         """Why ``key``'s count does not prove it empty (for the log and the benchmark)."""
+        witness = self.witness()
+        if witness is not None:
+            return f"its other nodes cannot be watched: {witness}"
         with self._lock:
             c = self.counts.get(key)
             if c is None:
@@ -175,6 +271,9 @@ class Occupancy:
                 return c.lost
             if key not in self.trust:
                 return "no scan since the watch started"
+            for o in self.others.get(key, ()):
+                if o.opened:
+                    return f"opened through another node of it: {o.path} (another inode)"
             if c.unpaired:
                 return "opened through another path"
             if c.unmatched:
@@ -182,10 +281,17 @@ class Occupancy:
             return f"{c.open_files} open file(s)" if c.open_files else "opened since the last scan"
 
     def mark(self, keys: list[str]) -> dict[str, int]:
-        """Before a scan: each device's events so far (after reading the kernel's queue)."""
+        """Before a scan: each device's events so far (after reading the kernel's queue,
+        with every node of it that exists now watched)."""
+        self.refresh()
         self.drain()
         with self._lock:
-            return {k: self.counts[k].events for k in keys if k in self.counts}
+            return {k: self._events(k) for k in keys if k in self.counts}
+
+    def _events(self, key: str) -> int:
+        """Every open and close of ``key``'s nodes, and every node added or lost."""
+        others = self.others.get(key, ())
+        return self.counts[key].events + sum(o.events for o in others) + self.epochs.get(key, 0)
 
     def settle(self, marked: dict[str, int], trust: dict[str, Trust | None]) -> set[str]:
         """After a scan begun at ``marked``: a device the scan found empty, whose node
@@ -202,7 +308,7 @@ class Occupancy:
                 if c is None:
                     continue  # a reload started the counts over meanwhile
                 how = trust.get(key)
-                if c.events != events:
+                if self._events(key) != events:
                     moved.add(key)
                 if how is None:
                     self.trust.pop(key, None)
@@ -211,6 +317,8 @@ class Occupancy:
                     continue  # no baseline from this scan
                 assert self.watch is not None
                 self.watch.reset(c)
+                for o in self.others.get(key, ()):
+                    self.watch.reset(o)
                 self.trust[key] = how
         return moved
 

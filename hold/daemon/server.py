@@ -111,6 +111,7 @@ class Daemon:
             if not self._lock_state_dir(ready_fd):
                 return 2
             st.log = Log(st.sd.log)
+            st.occupancy.log = st.log
             sock = listener.listen(st.sd.socket, st.shared)
             wake_r = self._start(sock, ready_fd)
         except OSError as e:

@@ -118,6 +118,18 @@ def status_line(pid: int | str, key: bytes) -> bytes | None:
     return None
 
 
+def open_dir() -> int:
+    """A descriptor of ``/proc`` itself: for reads relative to it (``thread-self/...``)
+    from a thread that entered another mount namespace, where the path /proc
+    may name another pid namespace's file system, or nothing."""
+    return os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_ns(pid: int | str, kind: str) -> int:
+    """A descriptor of the ``kind`` namespace (``"mnt"``, ``"pid"``...) of ``pid``."""
+    return os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+
+
 def exe(pid: int | str) -> str:
     """The program the process runs (the ``/proc/PID/exe`` link). Raises
     :class:`FileNotFoundError` where it has none (a kernel thread, or gone) and

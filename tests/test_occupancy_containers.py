@@ -1,0 +1,236 @@
+"""A holder that reaches the device through a node of its own, in a mount namespace
+of its own: what a container runtime running as root does for ``--device``,
+CDI or a Kubernetes device plugin (a tmpfs for the container's ``/dev``, a node
+made there by ``mknod``: the same device number, another inode).
+
+The kernel's count of opens watches inodes: the host's node hears nothing of
+such a holder. Before issue 45 a grant by the count alone was made over it.
+Each test first shows that the count answers grants (``check: count``), then
+starts the "container" and asks again.
+
+The device is ``/dev/full`` (1:7): a real character device anyone may open
+and nobody here holds (checked at setup). Device numbers are machine-wide,
+so the tests that use it take turns across every run of this suite on the
+machine (a file lock), and a holder of someone else's is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import HOLD, LOADED, alive, grant_checks, update_config, wait_for
+
+FULL = os.makedev(1, 7)
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="a container's node is made by root (mknod)"),
+    pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)"),
+]
+
+
+def _holders_of_full() -> list[int]:
+    """Pids with /dev/full's device open (any node of it), read from /proc."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry.name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{entry.name}/fd/{fd}")
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == FULL:
+                out.append(int(entry.name))
+                break
+    return out
+
+
+@pytest.fixture
+def device(isolated_hold: Path) -> Iterator[Path]:
+    """Class ``ctr``: one device, /dev/full, through a node in the test's directory."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(os.path.join(tempfile.gettempdir(), "hold-tests-dev-full.lock"), mode=0o666)
+    try:
+        lock.acquire(timeout=240)
+    except Timeout:
+        pytest.fail("another run of this suite kept /dev/full for 240 s")
+    try:
+        others = _holders_of_full()
+        if others:
+            pytest.skip(f"/dev/full is held by pid(s) {others}, not this test's")
+        d = isolated_hold / "ctrdev"
+        d.mkdir()
+        node = d / "full0"
+        os.mknod(node, stat.S_IFCHR | 0o666, FULL)
+        update_config(isolated_hold, devices={"ctr": {"nodes": [f"{d}/full*"]}})
+        yield node
+    finally:
+        lock.release()
+
+
+@pytest.fixture
+def containers() -> Iterator[list[subprocess.Popen[str]]]:
+    """The "containers" a test started: killed and reaped afterwards."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=LOADED)
+
+
+HOLDER = (
+    "import os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+    "print(os.getpid(), flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def container(how: str, node: Path, base: Path, started: list[subprocess.Popen[str]]) -> int:
+    """Start a holder in a mount namespace of its own that opens /dev/full through a
+    node it made there (``how``): ``bind`` -- made on a tmpfs and bind-mounted
+    over the configured node's path (the issue's reproduction); ``dev`` -- a
+    tmpfs mounted on /dev, the node made in it (a container's own /dev). The
+    holder's pid once it has the node open."""
+    if how == "bind":
+        cdev = base / f"cdev{len(started)}"
+        cdev.mkdir()
+        setup = (
+            f"mount -t tmpfs none {cdev} && mknod {cdev}/npu0 c 1 7 && "
+            f"mount --bind {cdev}/npu0 {node}"
+        )
+        path = str(node)
+    else:
+        setup = "mount -t tmpfs none /dev && mknod /dev/accel0 c 1 7"
+        path = "/dev/accel0"
+    script = f'{setup} && exec "$0" -c "$1" {path}'
+    p = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, HOLDER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started.append(p)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line.strip().isdigit(), (line, p.stderr.read() if p.poll() is not None else "")
+    pid = int(line)
+    # Another inode: the host's node is not what it holds.
+    held = os.stat(f"/proc/{pid}/fd/3")
+    assert held.st_rdev == FULL and held.st_ino != os.stat(node).st_ino
+    return pid
+
+
+def hold_run(*args: str, cmd: tuple[str, ...] = ("true",)) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*HOLD, "run", "--device", "ctr:0", *args, "--", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=60 + LOADED,
+    )
+
+
+def counted(state: Path) -> None:
+    """Two grants: the first scans (the count's start), the second is the count's."""
+    assert hold_run().returncode == 0
+    assert hold_run().returncode == 0
+    assert grant_checks(state)[-1] == "count", grant_checks(state)
+
+
+def device_status() -> dict[str, object]:
+    res = subprocess.run(
+        [*HOLD, "status", "--json"], capture_output=True, text=True, timeout=30 + LOADED
+    )
+    assert res.returncode == 0, res.stderr
+    dev: dict[str, object] = json.loads(res.stdout)["classes"]["ctr"]["devices"][0]
+    return dev
+
+
+@pytest.mark.parametrize("how", ["bind", "dev"])
+def test_a_container_holder_from_before_the_grant_is_not_granted_over(
+    how: str, device: Path, isolated_hold: Path, containers: list[subprocess.Popen[str]]
+) -> None:
+    state = isolated_hold / "state"
+    counted(state)
+    pid = container(how, device, isolated_hold, containers)
+    res = hold_run("--no-wait")
+    assert res.returncode == 75, (res.returncode, res.stderr, grant_checks(state))
+    assert str(pid) in res.stderr, res.stderr
+    # Gone, and the device is granted again (by a scan, then by the count).
+    containers[-1].kill()
+    containers[-1].wait(timeout=LOADED)
+    res = hold_run("--wait-timeout", "20s")
+    assert res.returncode == 0, res.stderr
+    assert hold_run().returncode == 0
+    assert grant_checks(state)[-1] == "count", grant_checks(state)
+
+
+def test_a_container_holder_that_opens_during_a_lease_is_stopped_at_its_end(
+    device: Path, isolated_hold: Path, containers: list[subprocess.Popen[str]]
+) -> None:
+    """Started while a lease holds the device: it used the device without the
+    ticket, so the lease's end stops it (and logs whose it was) before anyone
+    else gets the device."""
+    state = isolated_hold / "state"
+    counted(state)
+    go = isolated_hold / "go"
+    wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
+    lease = subprocess.Popen(
+        [*HOLD, "run", "--device", "ctr:0", "--", "sh", "-c", wait],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: device_status().get("holder") is not None, LOADED, what="the lease")
+        pid = container("dev", device, isolated_hold, containers)
+        go.touch()
+        assert lease.wait(timeout=60) == 0, lease.stderr.read() if lease.stderr else ""
+    finally:
+        if lease.poll() is None:
+            lease.kill()
+            lease.wait()
+    wait_for(lambda: not alive(pid), LOADED, what="the container's holder to be stopped")
+    log = (state / "daemon.log").read_text()
+    stopped = [
+        json.loads(line)
+        for line in log.splitlines()
+        if line.startswith("{") and '"leftover_stopped"' in line
+    ]
+    assert [e["holder_pid"] for e in stopped] == [pid], log
+    assert hold_run("--no-wait").returncode == 0
+
+
+def test_status_says_in_use_for_a_node_the_count_saw_opened(
+    device: Path, isolated_hold: Path, containers: list[subprocess.Popen[str]]
+) -> None:
+    state = isolated_hold / "state"
+    counted(state)
+    before = device_status()
+    assert before.get("holder") is None and before.get("known") == "free", before
+    pid = container("dev", device, isolated_hold, containers)
+    dev = wait_for(
+        lambda: (d := device_status()).get("holder") is not None and d,
+        LOADED,
+        what="status to see the holder",
+    )
+    holder = dev["holder"]
+    assert isinstance(holder, dict)
+    assert holder["state"] in ("in use", "blocked"), dev
+    os.kill(pid, signal.SIGKILL)
