@@ -353,9 +353,14 @@ def describe_wait(cls: str, note: dict[str, object], busy: bool = False) -> str:
         for h in b["holders"]:
             mem = h.get("memory_bytes")
             used = f", {mem / 2**30:.1f} GiB on the device" if mem else ""
+            # lazy: only for a refusal that names a stray
+            from hold_supervisor.proc.origin import words
+
+            whose = words(h.get("origin"))
+            whose = f", {whose}" if whose else ""
             parts.append(
                 f"{cls}:{b['index']} held OUTSIDE any lease by pid {h['pid']} (user "
-                f"{h['user']}: {h['command']}{used})"
+                f"{h['user']}{whose}: {h['command']}{used})"
             )
     elsewhere = note.get("elsewhere") or []
     assert isinstance(elsewhere, list)

@@ -29,6 +29,7 @@ from hold_supervisor.proc.identity import ProcessId
 
 RECHECK_BLOCKED = 30.0  # seconds between scans of a device held outside any lease
 RECHECK_MOVED = 2.0  # seconds from an open or close of a blocked device's node to its scan
+LOOK_EVERY = 10.0  # seconds between two scans that hold status starts (look_unknown)
 
 Device = tuple[str, int]  # (class, index)
 Holders = list[dict[str, Any]]
@@ -56,6 +57,11 @@ class Grants:
             tuple[Request, str, list[int], dict[int, Holders], str | None]
         ] = queue.SimpleQueue()
         self.seq = 0  # arrival order of requests
+        # hold status's scans of devices whose state is unknown: when the last
+        # one started (None: none yet), whether it runs, what it found.
+        self.looked_at: float | None = None
+        self.looking = False
+        self.looks: queue.SimpleQueue[tuple[str, dict[int, Holders]]] = queue.SimpleQueue()
 
     # ------------------------------------------------------------ the lines
 
@@ -209,7 +215,52 @@ class Grants:
 
         self.st.workers.submit(work)
 
+    def look_unknown(self, devices: dict[str, list[int]]) -> bool:
+        """Scan ``devices`` (class -> indices) in a worker: for ``hold status``, which
+        found them unknown (no scan since their count started, or opened since).
+        Each scan found empty starts its count; a holder found blocks the device
+        (and is named) as a grant's scan would. At most one every
+        :data:`LOOK_EVERY` seconds; True where one runs now."""
+        now = time.monotonic()
+        if self.looking:
+            return True
+        if self.looked_at is not None and now - self.looked_at < LOOK_EVERY:
+            return False
+        self.looking, self.looked_at = True, now
+
+        def work() -> None:
+            try:
+                for cls, indices in devices.items():
+                    keys = [self.key((cls, i)) for i in indices]
+                    seen = occupancy.checked_look(
+                        self.st.occupancy, self.st.classes[cls], indices, keys, self.st.unreadable
+                    )
+                    self.looks.put((cls, seen.found))
+            finally:
+                self.looks.put(("", {}))  # the end of this look
+                self.st.wake(b"c")
+
+        self.st.workers.submit(work)
+        return True
+
+    def finish_looks(self) -> None:
+        """What :meth:`look_unknown` found: holders outside any lease block their device."""
+        while True:
+            try:
+                cls, found = self.looks.get_nowait()
+            except queue.Empty:
+                return
+            if not cls:
+                self.looking = False
+                continue
+            for i, holders in found.items():
+                dev = (cls, i)
+                if dev in self.held or dev in self.verifying or dev in self.blocked:
+                    continue  # granted or being checked meanwhile: that check decides
+                self.block(cls, i, holders)
+
     def finish_checks(self) -> None:
+        self.finish_looks()
         while True:
             try:
                 req, cls, devices, found, unproven = self.checks.get_nowait()

@@ -97,10 +97,6 @@ WALK_ENTRIES = 5000  # entries read in one namespace at most (a look is on a gra
 LOOK_DEADLINE = 5.0  # seconds one namespace's look may take
 
 
-class NamespacesUnavailable(OSError):
-    """The mount namespaces cannot be walked here (no ``NS_MNT_GET_NEXT``, no privilege)."""
-
-
 @dataclass
 class Found:
     """What one look into a namespace found: nodes of tracked devices, and what was cut short."""

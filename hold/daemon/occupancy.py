@@ -55,6 +55,7 @@ from hold.devices.holders import Holder, details, device_memory, scan, targets
 from hold.devices.scancache import ScanCache
 from hold_supervisor.proc import scan as procscan
 from hold_supervisor.proc.identity import ProcessId, user_name
+from hold_supervisor.proc.origin import origin
 from hold_supervisor.proc.stop import StopReport, stop_tree
 from hold_supervisor.proc.tree import Tree
 
@@ -258,6 +259,40 @@ class Occupancy:
                     return None
             return out
 
+    def state(self, key: str) -> tuple[str, str]:
+        """What is known of device ``key`` that no lease holds, without a scan: a word
+        -- ``free``, ``in use`` (the count says a node of it is open; nobody
+        named yet), ``unknown`` -- and how that is known, or why no more is
+        (for ``hold status``)."""
+        witness = self.witness()
+        if witness is None:
+            self.refresh()
+        self.drain()
+        with self._lock:
+            c = self.counts.get(key)
+            if c is None:
+                return "unknown", self.not_watched.get(key, "its node is not watched")
+            opened = [o for o in (c, *self.others.get(key, ())) if o.open_files > 0]
+            if opened:
+                n = sum(o.open_files for o in opened)
+                paths = ", ".join(o.path for o in opened)
+                return "in use", (
+                    f"the kernel's count: {n} open file(s) of {paths}; holder not named yet "
+                    "(the next grant or hold audit names it)"
+                )
+            if c.lost:
+                return "unknown", f"{c.lost}; the next grant scans"
+            if key not in self.trust:
+                return "unknown", "no scan since its watch started; the next grant scans"
+            if not self._empty(key):
+                return "unknown", "opened and closed since the last scan; the next grant scans"
+            if witness is not None:
+                return "free", f"the last scan (its other nodes cannot be watched: {witness})"
+            if self.namespaces is None or self.namespaces.unavailable is not None:
+                why = "this daemon cannot list mount namespaces (not root)"
+                return "free", f"count (of the nodes this daemon can reach; {why})"
+            return "free", f"count (its nodes in {len(self.namespaces)} mount namespaces)"
+
     def why_not(self, key: str) -> str:
         """Why ``key``'s count does not prove it empty (for the log and the benchmark)."""
         witness = self.witness()
@@ -443,6 +478,7 @@ def _nvml_witness(cls: DeviceClass, devices: list[int]) -> Holders:
                     "command": details(pid).command[:200],
                     "node": nodes[i],
                     "memory_bytes": None,
+                    "origin": origin(pid).doc(),
                 }
             )
     return out
@@ -496,6 +532,7 @@ def _describe(h: Holder, memory: dict[tuple[int, str, int | None], int]) -> dict
         "command": details(h.pid).command[:200],
         "node": h.node,
         "memory_bytes": memory.get((h.pid, h.cls, h.unit)),
+        "origin": origin(h.pid).doc(),
     }
 
 

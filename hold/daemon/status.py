@@ -10,6 +10,7 @@ from hold.daemon.grants import Grants
 from hold.daemon.state import DaemonState, label_for
 from hold.devices.classes import LAST_GPU_MINOR, NVIDIA_MAJOR
 from hold_supervisor.proc.identity import user_name
+from hold_supervisor.proc.origin import words
 
 
 def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
@@ -18,10 +19,13 @@ def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
     another arbiter (another user's daemon) are shown from their lock's record."""
     locked = devlock.locked_inodes()
     classes = {}
+    unknown: dict[str, list[int]] = {}
     for cls in st.classes:
-        devices = [
-            {"index": i, "holder": _holder(st, grants, cls, i, viewer, locked)}
-            for i in range(st.sizes[cls])
+        devices = [_device(st, grants, cls, i, viewer, locked) for i in range(st.sizes[cls])]
+        unknown[cls] = [
+            d["index"]
+            for d in devices
+            if d.get("known") == "unknown" or (d["holder"] or {}).get("state") == "in use"
         ]
         for i, dev in enumerate(devices):
             minor = _nvidia_minor(st.keys[cls][i] if i < len(st.keys[cls]) else "")
@@ -38,6 +42,18 @@ def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
             for r in grants.queues[cls]
         ]
         classes[cls] = {"devices": devices, "queue": waiting}
+    # Naming needs a scan: one starts now (in a worker; this answer stays quick).
+    if any(unknown.values()) and grants.look_unknown({c: i for c, i in unknown.items() if i}):
+        for cls, indices in unknown.items():
+            for dev in classes[cls]["devices"]:
+                if dev["index"] not in indices:
+                    continue
+                if dev["holder"] is not None:
+                    dev["holder"]["label"] = dev["holder"]["why"] = (
+                        f"{dev['holder']['why']} (a scan is running: ask again)"
+                    )
+                else:
+                    dev["proof"] += " (a scan is running: ask again)"
     # Counters since the daemon started (hold metrics): grants, expiries, waits per class.
     counters = {
         cls: dict(
@@ -54,6 +70,53 @@ def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
         "started": st.usage.started,
         "limits": st.limits_for(viewer, grants.queued_of(viewer)),
     }
+
+
+def _device(
+    st: DaemonState,
+    grants: Grants,
+    cls: str,
+    i: int,
+    viewer: int,
+    locked: set[tuple[int, int, int]],
+) -> dict[str, Any]:
+    """``cls:i``: its holder (None where nobody holds it, see :func:`_holder`), and
+    what is known of a device nobody holds: ``known`` -- ``free``, ``unknown``
+    (no scan has started its count yet, or it was opened since), ``unproven``
+    (this daemon cannot prove it free at all) -- and ``proof``: how that is
+    known, or why no more is."""
+    holder = _holder(st, grants, cls, i, viewer, locked)
+    dev: dict[str, Any] = {"index": i, "holder": holder}
+    if holder is not None:
+        return dev
+    if not st.scanned[cls]:
+        dev["known"], dev["proof"] = "free", "a logical device (no node to hold)"
+        return dev
+    key = st.keys[cls][i]
+    known, proof = st.occupancy.state(key)
+    if known == "in use":
+        dev["holder"] = _reason("in use", proof, None, "?", None)
+        return dev
+    unproven = _unproven(st, cls, key)
+    if unproven is not None:
+        known, proof = "unproven", unproven
+    dev["known"], dev["proof"] = known, proof
+    return dev
+
+
+def _unproven(st: DaemonState, cls: str, key: str) -> str | None:
+    """Why this daemon can never prove ``key`` free (see
+    :meth:`hold.daemon.occupancy.Look.why_unproven`), or None. A daemon that
+    is not root may not read root's processes (pid 1 is one), so its scans
+    are never whole; only NVML can speak for what they miss, and only for
+    NVIDIA GPUs."""
+    if st.unreadable != "refuse" or os.geteuid() == 0 or _nvidia_minor(key) is not None:
+        return None
+    return (
+        f"this daemon runs as {user_name(os.geteuid())} and may not read other users' "
+        "processes, any of which may hold it: use the system daemon (sudo hold daemon "
+        "--install) or 'unreadable_processes: ignore' in the configuration"
+    )
 
 
 def _holder(
@@ -123,7 +186,9 @@ def _not_grantable(st: DaemonState, grants: Grants, cls: str, i: int) -> dict[st
     if blocked:
         h = blocked[0]
         more = f" and {len(blocked) - 1} more" if len(blocked) > 1 else ""
-        why = f"held outside any lease by pid {h.get('pid')} ({h.get('command')}){more}"
+        whose = words(h.get("origin"))
+        whose = f"{whose}: " if whose else ""
+        why = f"held outside any lease by pid {h.get('pid')} ({whose}{h.get('command')}){more}"
         return _reason("blocked", why, h.get("pid"), str(h.get("user", "?")), h.get("uid"))
     path = st.locks.path(st.keys[cls][i])
     err = grants.elsewhere.get((cls, i), {}).get("error") or devlock.unusable(path)

@@ -28,6 +28,7 @@ from hold.statedir import StateDir
 from hold_supervisor.proc import scan as procscan
 from hold_supervisor.proc.cgroup import cgroup_dir, v2_mount, within
 from hold_supervisor.proc.identity import ProcessId, Stat, user_name
+from hold_supervisor.proc.origin import origin
 
 if TYPE_CHECKING:
     from hold.devices.nvml import Prefetch
@@ -268,6 +269,7 @@ def build_report(
                 "uid": h.uid,
                 "user": users[h.uid],
                 "command": d.command,
+                "origin": origin(h.pid).doc(),
                 "age_s": None if d.age_s is None else round(d.age_s, 1),
                 "rss_bytes": d.rss_bytes,
                 "device_memory_bytes": mem.get(

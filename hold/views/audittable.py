@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hold_supervisor.parse import format_bytes, format_duration
+from hold_supervisor.proc.origin import words
 from hold_supervisor.width import fit, table
 
 HEAD = ("DEVICE", "PID", "USER", "AGE", "RSS", "DEVMEM", "LEASE", "COMMAND")
@@ -36,7 +37,7 @@ def render_table(doc: dict[str, Any], width: int | None = None, notes: Sequence[
                 size(r["rss_bytes"]),
                 size(r["device_memory_bytes"]),
                 lease,
-                r["command"],
+                _command(r),
             )
         )
     lines = table(HEAD, rows, width, flex=FLEX)
@@ -46,6 +47,12 @@ def render_table(doc: dict[str, Any], width: int | None = None, notes: Sequence[
     lines.extend(fit(n, width) for n in notes)
     lines.append(tail)
     return "\n".join(lines)
+
+
+def _command(row: dict[str, Any]) -> str:
+    """The command, after who runs it where that is known (a container, a job, a unit)."""
+    whose = words(row.get("origin"))
+    return f"[{whose}] {row['command']}" if whose else str(row["command"])
 
 
 def size(n: int | None) -> str:

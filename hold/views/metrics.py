@@ -40,6 +40,11 @@ FAMILIES: dict[str, tuple[str, str]] = {
     ),
     "hold_device_leased": ("gauge", "1 if the device is leased (by this arbiter or another)."),
     "hold_device_holder_uid": ("gauge", "The uid of the leased device's holder."),
+    "hold_device_state": (
+        "gauge",
+        "1 for the device's state: leased, active (another arbiter's lease), blocked, in use "
+        "(open, holder not named yet), unusable, free, unknown or unproven.",
+    ),
     "hold_device_lease_age_seconds": ("gauge", "Seconds since the device's lease was granted."),
     "hold_device_lease_expiry_timestamp_seconds": (
         "gauge",
@@ -115,8 +120,14 @@ def _devices(
     for dev in info["devices"]:
         lab = {"class": cls, "index": str(dev["index"])}
         h = dev["holder"]
-        leased = h is not None and h.get("state") not in ("blocked", "unusable")
+        leased = h is not None and h.get("state") not in ("blocked", "unusable", "in use")
         out["hold_device_leased"].append(("", lab, 1 if leased else 0))
+        if h is None:
+            state = str(dev.get("known", "free"))
+        else:
+            state = {"elsewhere": "active"}.get(str(h.get("state")), str(h.get("state")))
+            state = "leased" if state not in ("active", "blocked", "in use", "unusable") else state
+        out["hold_device_state"].append(("", {**lab, "state": state}, 1))
         waiters = [w for w in info["queue"] if not w["indices"] or dev["index"] in w["indices"]]
         out["hold_device_waiters"].append(("", lab, len(waiters)))
         if h is None or not leased:

@@ -103,6 +103,12 @@ def arbiter_line(ans: dict[str, Any]) -> str:
     return f"arbiter: {kind} (pid {arb.get('pid')}, {arb.get('state_dir')}){reads}"
 
 
+def known(dev: dict[str, Any]) -> str:
+    """What is known of a device nobody holds: ``free``, ``unknown`` or ``unproven``
+    (an older daemon says nothing: ``free``, as it meant)."""
+    return str(dev.get("known", "free"))
+
+
 def _label(h: dict[str, Any]) -> str:
     if h.get("why"):  # blocked or unusable: no lease, the reason instead of a label
         return str(h["why"])
@@ -131,7 +137,7 @@ def status_lines(ans: dict[str, Any]) -> list[str]:
             h = dev["holder"]
             name = f"{cls}:{dev['index']}"
             if h is None:
-                out.append(f"{name:<8} free")
+                out.append(f"{name:<8} {known(dev):<7} {dev.get('proof', '')}".rstrip())
                 continue
             state = "active" if h["state"] == "elsewhere" else h["state"]
             line = f"{name:<8} {state:<7} lease {h['lease']}  {_label(h)}  user {h['user']}"
@@ -157,7 +163,7 @@ def status_table(ans: dict[str, Any], width: int) -> list[str]:
             h = dev["holder"]
             name = f"{cls}:{dev['index']}"
             if h is None:
-                rows.append([name, "free", *[""] * (len(HEAD) - 2)])
+                rows.append([name, known(dev), *[""] * (len(HEAD) - 3), str(dev.get("proof", ""))])
                 continue
             state = "active" if h["state"] == "elsewhere" else h["state"]
             left = until = since = ""

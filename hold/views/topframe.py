@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from hold.views.audittable import size
-from hold.views.status import arbiter_line, queue_lines
+from hold.views.status import arbiter_line, known, queue_lines
 from hold_supervisor.parse import format_duration
 from hold_supervisor.width import fit, table
 
@@ -174,7 +174,8 @@ def _devices(ans: dict[str, Any], width: int | None, now: float) -> list[Line]:
             h = dev.get("holder")
             util, mem = _gpu(dev)
             if h is None:
-                rows.append([name, "free", "", "", "", "", util, mem, ""])
+                state = known(dev)
+                rows.append([name, state, "", "", "", "", util, mem, str(dev.get("proof", ""))])
                 continue
             state = "active" if h["state"] == "elsewhere" else str(h["state"])
             pid = "-" if h.get("pid") is None else str(h["pid"])

@@ -100,7 +100,8 @@
         const name = `${cls}:${dev.index}`;
         if (!h) {
           const blank = ["", "", "", "", "", "", "", "", ""]; // LEASE to UNTIL
-          rows.push(row([name, "free", ...blank, [gpuText(dev.gpu), "num"], ""], "free"));
+          const known = dev.known || "free";
+          rows.push(row([name, known, ...blank, [gpuText(dev.gpu), "num"], dev.proof || ""], known === "free" ? "free" : "unknown"));
           continue;
         }
         const state = h.state === "elsewhere" ? "active" : h.state;
