@@ -22,6 +22,10 @@ NOT_READY = 5
 # command's own status: one that exits 0 on SIGTERM would look done (as 124
 # for the time limit).
 RELEASED = 6
+# A check found nothing wrong in what it could see, but could not see everything
+# (``hold audit``: processes it may not read, any of which may hold a device):
+# not "clean", which a script must be able to tell (issue 45).
+INCOMPLETE = 7
 BUSY = 75  # the device or every slot is taken, and the caller would not wait (EX_TEMPFAIL)
 EXPIRED = 124  # a time limit ran out (-t, a lease, a call, readiness, a oneshot), as timeout(1)
 TOOL = 125  # the tool itself failed

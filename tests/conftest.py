@@ -585,6 +585,19 @@ def in_line(cls: str) -> int:
     return len(json.loads(res.stdout)["classes"][cls]["queue"])
 
 
+def audit_clean(stdout: str) -> int:
+    """The exit status of a ``hold audit`` that found no stray (or stopped every one)
+    and printed ``stdout``: 0 where it read every process, 7 (INCOMPLETE) where
+    it says it could not read some -- as on a machine whose init even root may
+    not read (a sandbox's), or for a user who may not read root's processes."""
+    try:
+        n = int(json.loads(stdout)["not_inspected"])
+    except ValueError:
+        m = re.search(r"not inspected: (\d+)", stdout)
+        n = int(m.group(1)) if m else 0
+    return 7 if n else 0
+
+
 def grant_checks(state: Path) -> list[str]:
     """What proved the device empty for each grant so far, in order (the log of
     the daemon of ``state``): ``scan`` or ``count``."""

@@ -163,7 +163,7 @@ def test_adopted_job_is_covered_then_stopped_at_the_time_limit(
     assert f"adopted pid {job['main']}" in err and "lease expired" in err
     wait_for(lambda: gone(job["main"], job["child"]), LOADED, 0.02, "the job stopped")
     assert token(0) is None
-    assert audit_json(code=0)["holders"] == []
+    assert audit_json(code="clean")["holders"] == []
 
 
 def test_gpu_hold_adopts_and_release_stops_it(tmp_path: Path, jobs: Jobs) -> None:

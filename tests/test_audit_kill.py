@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HOLD, alive, holds_node, wait_for
+from conftest import HOLD, alive, audit_clean, holds_node, wait_for
 
 from hold_supervisor.proc import scan
 
@@ -108,7 +108,7 @@ def test_kill_reports_a_stray_ended_with_another_strays_tree(
         text=True,
         timeout=60,
     )
-    assert res.returncode == 0, (res.stdout, res.stderr)  # strays found, all stopped
+    assert res.returncode == audit_clean(res.stdout), (res.stdout, res.stderr)  # all stopped
     doc = json.loads(res.stdout)
     assert sorted(r["pid"] for r in doc["holders"] if not r["covered"]) == [
         pair.parent,
@@ -136,7 +136,7 @@ def test_kill_reports_a_stray_ended_with_another_strays_tree(
         text=True,
         timeout=60,
     )
-    assert res.returncode == 0, (res.stdout, res.stderr)  # every stray stopped
+    assert res.returncode == audit_clean(res.stdout), (res.stdout, res.stderr)  # all stopped
     assert f"pid {pair2.parent}: stopped {outcome}" in res.stdout, res.stdout
     assert f"pid {pair2.child}: stopped {done} with the tree of stray pid {pair2.parent}" in (
         res.stdout
@@ -166,7 +166,7 @@ def test_a_daemon_that_does_not_answer_makes_the_audit_stop_nothing(tmp_path: Pa
         covered = subprocess.run(
             [*HOLD, "audit", "--json", "--device", "fake"], capture_output=True, text=True
         )
-        assert covered.returncode == 0, (covered.stdout, covered.stderr)
+        assert covered.returncode == audit_clean(covered.stdout), (covered.stdout, covered.stderr)
         daemon = daemon_pid(tmp_path / "state")
         assert daemon is not None
         os.kill(daemon, signal.SIGSTOP)

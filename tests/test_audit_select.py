@@ -82,6 +82,9 @@ def test_device_indices_and_user_select_the_rows_and_the_kill(
     assert rows(res) == [("fake:0", 0), ("fake:0", uid)]
     res = audit("--device", "fake:0", "--user", unpriv_user, "--json")
     assert rows(res) == [("fake:0", uid)]
+    # Processes of other users it could not read are not the user's: the
+    # answer about the user is whole (root reads every process of theirs).
+    assert json.loads(res.stdout)["not_inspected"] == 0, res.stdout
     assert rows(audit("--device", "fake", "--user", str(uid), "--json")) == [("fake:0", uid)]
     log = isolated_hold / "strays.jsonl"
     # The user holds nothing of fake:1: nothing stopped, nothing logged.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hold.config import load
 from hold.devices.classes import DeviceClass, classes_from_config, parse_device_spec
 from hold.statedir import StateDir, open_state_dir
-from hold_supervisor.exitcodes import CANCELLED, NO, SURVIVORS, USAGE
+from hold_supervisor.exitcodes import CANCELLED, INCOMPLETE, NO, SURVIVORS, USAGE
 from hold_supervisor.parse import BadValue, did_you_mean, parse_duration
 from hold_supervisor.safefile import open_for_append
 from hold_supervisor.width import columns, fit
@@ -140,7 +140,8 @@ def main_audit(
 ) -> int:
     """Scan, attribute, print (and with ``kill``, stop the strays; with ``log_fd``,
     a JSON line per stray appended there); the exit status: 0 all covered, 1 a
-    stray, 3 a stop left survivors."""
+    stray, 3 a stop left survivors, 7 nothing stray (or all stopped) among the
+    processes read, but some could not be read."""
     # lazy: the scan's and the table's modules load while NVML's prefetch runs
     from hold.views.audit import build_report, kill_strays, stray_lines
     from hold.views.audittable import render_table
@@ -172,9 +173,11 @@ def main_audit(
             echo(fit(line, width))
     if any(k.get("survivors") or not k.get("stopped") for k in doc.get("killed", [])):
         return SURVIVORS
-    if kill:
-        return 0  # every stray found was stopped: nothing is left to act on (issue 25)
-    return NO if strays else 0
+    if strays and not kill:
+        return NO
+    # Every stray found was stopped, or none was found (issue 25): clean only
+    # where every process could be read (issue 45).
+    return INCOMPLETE if doc["not_inspected"] else 0
 
 
 def _confirm(question: str) -> bool | None:

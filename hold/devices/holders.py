@@ -101,6 +101,7 @@ class Scan(NamedTuple):
     not_inspected: int  # processes whose descriptors we may not read
     processes: int
     seconds: float
+    unread: tuple[int, ...] = ()  # their pids
 
 
 class _Matcher:
@@ -177,8 +178,8 @@ def scan(
     if cache is not None:
         cache.note(key, [p for _, _, e in results for p in e], cursor, t0)
     holders = [h for part, _, _ in results for h in part]
-    denied = sum(d for _, d, _ in results)
-    return Scan(holders, denied, listed, time.monotonic() - t0)
+    unread = tuple(p for _, d, _ in results for p in d)
+    return Scan(holders, len(unread), listed, time.monotonic() - t0, unread)
 
 
 PER_FORK = 300  # processes per forked worker (below that, its start costs more than it saves)
@@ -190,18 +191,19 @@ MAX_FORKS = 16
 # is held, not the scan: the workers still run side by side.
 _FORKING = threading.Lock()
 
-# One share of a scan: (holders found, processes not inspected, pids read holding nothing).
-_Part = tuple[list[Holder], int, list[int]]
+# One share of a scan: (holders found, pids not inspected, pids read holding nothing).
+_Part = tuple[list[Holder], list[int], list[int]]
 
 
 def _work(matcher: _Matcher, chunk: list[int]) -> _Part:
     holders: list[Holder] = []
     empty: list[int] = []
-    denied = 0
+    denied: list[int] = []
     for pid in chunk:
         found, no = matcher.inspect(pid)
         holders += found
-        denied += no
+        if no:
+            denied.append(pid)
         if not found and not no:
             empty.append(pid)
     return holders, denied, empty
@@ -324,7 +326,7 @@ def _fork_worker(
 def _drain(matcher: _Matcher, batches: list[list[int]], queue: int) -> tuple[_Part, list[int]]:
     """Batches taken from ``queue`` until it is empty: what they held, and which they were."""
     holders: list[Holder] = []
-    denied = 0
+    denied: list[int] = []
     empty: list[int] = []
     done: list[int] = []
     while len(b := os.read(queue, 4)) == 4:
@@ -383,7 +385,7 @@ def _decode(data: bytes) -> tuple[_Part, list[int]] | None:
     not one: its batches are then read again."""
     try:
         raw, denied, empty, done = marshal.loads(data)
-        part = [Holder(*t) for t in raw], int(denied), [int(p) for p in empty]
+        part = [Holder(*t) for t in raw], [int(p) for p in denied], [int(p) for p in empty]
         return part, [int(i) for i in done]
     except (EOFError, ValueError, TypeError):
         return None

@@ -237,6 +237,8 @@ def build_report(
     tgts = targets(classes, only.cls, only.units)
     result = scan(tgts, forks=True)
     holders = [h for h in result.holders if only.uid is None or h.uid == only.uid]
+    # Not inspected: with --user, only that user's (or whose owner cannot be told).
+    unread = [p for p in result.unread if only.uid is None or procscan.uid_of(p) in (None, only.uid)]
     # The holders' ancestors only, read as asked: a snapshot of every process
     # would be a second walk of /proc, as long as the scan's listing.
     procs = procscan.Stats()
@@ -285,7 +287,7 @@ def build_report(
         "version": 1,
         "holders": rows,
         "stray": sum(1 for r in rows if not r["covered"]),
-        "not_inspected": result.not_inspected,
+        "not_inspected": len(unread),
         "processes": result.processes,
         "scan_seconds": round(result.seconds, 4),
     }
