@@ -16,6 +16,7 @@ machine (a file lock), and a holder of someone else's is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,11 +25,15 @@ import stat
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, LOADED, alive, grant_checks, update_config, wait_for
+from conftest import HOLD, LOADED, alive, audit_clean, grant_checks, update_config, wait_for
+
+from hold_supervisor.proc import scan
+from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
 
 FULL = os.makedev(1, 7)
 
@@ -234,3 +239,69 @@ def test_status_says_in_use_for_a_node_the_count_saw_opened(
     assert isinstance(holder, dict)
     assert holder["state"] in ("in use", "blocked"), dev
     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_container_holder_is_named_with_its_container_and_audit_kill_ends_it(
+    device: Path, isolated_hold: Path, containers: list[subprocess.Popen[str]]
+) -> None:
+    """What a person sees of a holder in a container: the runtime's id (from the
+    cgroup it runs in, named as Docker's systemd driver names it) and its pid
+    inside its own pid namespace; and ``hold audit --kill`` ends it as any
+    stray, with the survivor check."""
+    try:
+        base = Hierarchy.find().base
+    except CgroupUnavailable as e:
+        pytest.skip(f"no cgroup v2 leaf can be made here: {e}")
+    cid = uuid.uuid4().hex * 2
+    leaf = Path(base) / f"docker-{cid}.scope"
+    leaf.mkdir()
+    try:
+        inner = (
+            'mount -t tmpfs none /dev && mknod /dev/accel0 c 1 7 && exec "$0" -c "$1" /dev/accel0'
+        )
+        script = (
+            f"echo $$ > {leaf}/cgroup.procs && exec unshare -m -p -f --propagation private "
+            f'sh -c \'{inner}\' "$0" "$1"'
+        )
+        p = subprocess.Popen(
+            ["sh", "-c", script, sys.executable, HOLDER],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        containers.append(p)
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "1"  # pid 1 of its own pid namespace
+        (pid,) = scan.children_of(p.pid) or [None]
+        assert pid is not None
+        res = subprocess.run(
+            [*HOLD, "audit", "--device", "ctr", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60 + LOADED,
+        )
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        (row,) = [r for r in json.loads(res.stdout)["holders"] if r["pid"] == pid]
+        assert row["origin"] == {"container": cid[:12], "runtime": "docker", "nspid": 1}, row
+        table = subprocess.run(
+            [*HOLD, "audit", "--device", "ctr"], capture_output=True, text=True, timeout=60
+        )
+        assert f"[docker {cid[:12]}, pid 1 inside]" in table.stdout, table.stdout
+        refused = hold_run("--no-wait")
+        assert refused.returncode == 75 and f"docker {cid[:12]}" in refused.stderr, refused.stderr
+        killed = subprocess.run(
+            [*HOLD, "audit", "--device", "ctr", "--kill", "--yes", "--grace", "2s", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60 + LOADED,
+        )
+        assert killed.returncode == audit_clean(killed.stdout), (killed.stdout, killed.stderr)
+        (k,) = json.loads(killed.stdout)["killed"]
+        assert (k["pid"], k["stopped"], k["survivors"]) == (pid, True, []), k
+        wait_for(lambda: not alive(pid), LOADED, what="the container's holder to end")
+        p.wait(timeout=LOADED)
+    finally:
+        with contextlib.suppress(OSError):
+            (leaf / "cgroup.kill").write_text("1")
+        wait_for(lambda: not (leaf / "cgroup.procs").read_text().strip(), LOADED, what="leaf empty")
+        leaf.rmdir()

@@ -238,7 +238,8 @@ def build_report(
     result = scan(tgts, forks=True)
     holders = [h for h in result.holders if only.uid is None or h.uid == only.uid]
     # Not inspected: with --user, only that user's (or whose owner cannot be told).
-    unread = [p for p in result.unread if only.uid is None or procscan.uid_of(p) in (None, only.uid)]
+    mine = (None, only.uid)
+    unread = [p for p in result.unread if only.uid is None or procscan.uid_of(p) in mine]
     # The holders' ancestors only, read as asked: a snapshot of every process
     # would be a second walk of /proc, as long as the scan's listing.
     procs = procscan.Stats()

@@ -38,7 +38,7 @@ _RUNTIMES = (
     ("kubernetes", re.compile(r"/pod[0-9a-f_-]{36}/([0-9a-f]{64})(?:/|$)")),
 )
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-_POD = re.compile(rf"kubepods[^/]*?[-/]pod({_UID})")
+_POD = re.compile(rf"kubepods.*?[-/]pod({_UID})(?:\.slice)?(?:/|$)")
 _SLURM = re.compile(r"(?:^|/)job_(\d+)(?:/|$)")
 _UNIT = re.compile(r"([^/]+\.(?:service|scope))(?:/|$)")
 
@@ -105,6 +105,9 @@ def parse(cgroup: str, nspid_line: bytes | None = None) -> Origin:
 
 
 def _is_runtime(unit: str) -> bool:
+    """A container's scope or Slurm's (said better above), not a unit of its own."""
+    if unit.startswith("libpod-conmon-"):
+        return False  # Podman's monitor: a unit like any other
     return unit.startswith(("docker-", "libpod-", "cri-containerd-", "crio-")) or unit in (
         "slurmstepd.scope",
     )
