@@ -29,6 +29,14 @@ many idle processes added to the machine (forked children that ``pause``,
 killed by the kernel with their parent), and each figure at the largest size
 is given against the same at the smallest: a ticket must cost the same on a
 busy machine.
+
+``--namespaces 0,50`` (issue 45): and once per number of "containers" beside
+them: mount namespaces of their own, each with a tmpfs on its ``/dev`` and a
+node of the loop's device made there by ``mknod`` (what a container runtime
+running as root makes for ``--device``), idle. ``--node char`` (the default
+as root): the loop's device is ``/dev/full`` (1:7) through a node in the
+benchmark's directory, so the daemon watches its other nodes in every mount
+namespace; ``--node file``: a regular file (no other node can exist).
 2. **Handoff latency** with 20 contending clients: the time from one holder's
    release to the next holder's grant, measured inside the clients with
    CLOCK_MONOTONIC (one clock for the whole machine). Three ways of taking
@@ -323,6 +331,42 @@ def crowd(n: int) -> subprocess.Popen[str]:
     return p
 
 
+CONTAINER = "mount -t tmpfs none /dev && mknod /dev/accel0 c 1 7 && exec sleep 100000"
+UNSHARE = ["unshare", "-m", "--propagation", "private", "--kill-child"]
+
+
+def containers(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` idle "containers" (see the module docstring); killed by :func:`_end_containers`."""
+    out = []
+    try:
+        for _ in range(n):
+            out.append(
+                subprocess.Popen(
+                    [
+                        "unshare",
+                        "-m",
+                        "--propagation",
+                        "private",
+                        "--kill-child",
+                        "sh",
+                        "-c",
+                        CONTAINER,
+                    ]
+                )
+            )
+    except BaseException:
+        _end_containers(out)
+        raise
+    return out
+
+
+def _end_containers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
 def processes() -> int:
     return sum(1 for n in os.listdir("/proc") if n.isdigit())
 
@@ -400,12 +444,24 @@ def main(argv: list[str] | None = None) -> int:
         default="0",
         help="idle processes added, comma-separated sizes (start and loop run at each)",
     )
+    ap.add_argument(
+        "--namespaces",
+        default="0",
+        help="idle mount namespaces with a node of the device added, comma-separated counts",
+    )
+    ap.add_argument(
+        "--node",
+        choices=("char", "file"),
+        default="char" if os.geteuid() == 0 else "file",
+        help="the loop's device: /dev/full through a node here (root), or a regular file",
+    )
     ap.add_argument("--only", default="start,handoff,idle,loop", help="parts, comma-separated")
     ap.add_argument("--tmp", help="where the state directories go (default: $TMPDIR)")
     ap.add_argument("--name", default=time.strftime("tickets-%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
     parts = set(args.only.split(","))
     sizes = sorted({int(n) for n in args.crowd.split(",")})
+    spaces = sorted({int(n) for n in args.namespaces.split(",")})
 
     result: dict[str, Any] = {
         "machine": machine(),
@@ -419,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         config = work / "config.yaml"
         config.write_text(f'devices:\n  bench:\n    nodes: ["{work}/dev*"]\n')
-        (work / "npudev0").touch()
+        if args.node == "char":
+            os.mknod(work / "npudev0", 0o20666, os.makedev(1, 7))
+        else:
+            (work / "npudev0").touch()
         node_config = work / "node-config.yaml"
         node_config.write_text(f'devices:\n  npu:\n    nodes: ["{work}/npudev*"]\n')
         env = dict(
@@ -433,14 +492,22 @@ def main(argv: list[str] | None = None) -> int:
         plain_env = {k: v for k, v in env.items() if k != "HOLD_CONFIG"}
         plain_env["HOLD_STATE_DIR"] = str(work / "plain-state")
         node_env = dict(env, HOLD_CONFIG=str(node_config), HOLD_STATE_DIR=str(work / "node-state"))
+        ctrs: list[subprocess.Popen[bytes]] = []
         try:
             added = 0
-            for size in sizes:
+            for size, ns in itertools.product(sizes, spaces):
                 if size > added:
                     crowds.append(crowd(size - added))
                     added = size
-                row: dict[str, Any] = {"crowd": size, "processes": processes()}
-                print(f"-- {size} idle processes added ({row['processes']} in all)", flush=True)
+                if ns != len(ctrs):
+                    _end_containers(ctrs)
+                    ctrs = containers(ns)
+                row: dict[str, Any] = {"crowd": size, "namespaces": ns, "processes": processes()}
+                print(
+                    f"-- {size} idle processes added ({row['processes']} in all), "
+                    f"{ns} mount namespaces",
+                    flush=True,
+                )
                 if "start" in parts:
                     starts = start_times(args.runs, work, plain_env, node_env)
                     row["start"] = {k: [round(x * 1000, 3) for x in v] for k, v in starts.items()}
@@ -450,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in crowds:
                 _end_crowd(c)
             crowds.clear()
+            _end_containers(ctrs)
             if "handoff" in parts:
                 result["handoff_ms"] = handoff_table(args.rounds, args.clients, work, plain_env)
             if "idle" in parts:
@@ -461,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                     subprocess.run(["kill", lock.read_text().strip()], check=False)
             for c in crowds:
                 _end_crowd(c)
+            _end_containers(ctrs)
     result["load_end"] = loadavg()
     print(table(result))
     RESULTS.mkdir(exist_ok=True)
@@ -494,6 +563,11 @@ def handoff_table(rounds: int, clients: int, work: Path, env: dict[str, str]) ->
     return hand
 
 
+def _column(s: dict[str, Any]) -> str:
+    ns = s.get("namespaces", 0)
+    return f"{s['processes']:,} processes" + (f", {ns} mount namespaces" if ns else "")
+
+
 def table(r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [f"Machine: {m}; load {r['load_start']} -> {r['load_end']}", ""]
@@ -502,7 +576,7 @@ def table(r: dict[str, Any]) -> str:
         lines += [
             "Start-up, median ms (p90), and x `python3 -c pass` at the same size:",
             "",
-            "| command | " + " | ".join(f"{s['processes']:,} processes" for s in sizes) + " |",
+            "| command | " + " | ".join(_column(s) for s in sizes) + " |",
             "| --- |" + " ---: |" * len(sizes),
         ]
         for name in sizes[0]["start"]:
@@ -517,7 +591,7 @@ def table(r: dict[str, Any]) -> str:
             "",
             f"Loop: {w} workers x {n} runs each; CPU ms per acquisition (clients + daemon):",
             "",
-            "| | " + " | ".join(f"{s['processes']:,} processes" for s in sizes) + " |",
+            "| | " + " | ".join(_column(s) for s in sizes) + " |",
             "| --- |" + " ---: |" * len(sizes),
         ]
         for name in ("npu-hold -- true", "flock -x LOCK true"):
@@ -543,7 +617,7 @@ def table(r: dict[str, Any]) -> str:
         lines.append("| why a grant scanned | " + " | ".join(cells) + " |")
     if len(sizes) > 1:
         first, last = sizes[0], sizes[-1]
-        lines += ["", f"At {last['processes']:,} processes against {first['processes']:,}:"]
+        lines += ["", f"At {_column(last)} against {_column(first)}:"]
         if "start" in first:
             for name in (
                 "npu-hold -- true (node-backed class)",

@@ -304,3 +304,79 @@ def test_a_cuda_process_that_opens_the_gpu_after_a_counted_grant_is_seen(
     assert refused.returncode == 75, refused.stderr
     assert f"pid {pid}" in refused.stderr, refused.stderr
     assert again.returncode == 0, again.stderr
+
+
+# What a container runtime running as root gives a container for --device: its
+# own /dev on a tmpfs, every node made again there (cp -a makes each one with
+# mknod: the same device numbers, other inodes), bind-mounted over /dev in a
+# mount namespace of its own.
+CONTAINER_DEV = (
+    'mkdir -p "$0" && mount -t tmpfs none "$0" && cp -a /dev/. "$0"/ && '
+    'mount --bind "$0" /dev && exec "$@"'
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_cuda_process_in_a_containers_own_dev_is_not_granted_over(
+    gpu_class: list[str], isolated_hold: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 45 on a real GPU: after a grant the count answered, a CUDA process in
+    a mount namespace of its own, through its own node of the GPU, keeps the
+    next ``--no-wait`` off (exit 75, named), and ``hold audit`` shows its
+    device memory as NVML does."""
+    from test_audit_gpu import _nvml_used
+
+    from hold.devices.gpuids import nvidia_minor
+
+    py = torch_python()
+    index = first_free_gpu(gpu_class)
+
+    def grant() -> subprocess.CompletedProcess[str]:
+        return hold_run("--device", f"gpu:{index}", "--no-wait", "--", "true")
+
+    assert grant().returncode == 0
+    assert grant().returncode == 0
+    state = isolated_hold / "state"
+    assert grant_checks(state)[-1] == "count", grant_checks(state)
+    minor = nvidia_minor(gpu_class[index])
+    assert minor is not None
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": uuid_by_minor()[minor],
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", CONTAINER_DEV]
+    argv += [str(isolated_hold / "ctrdev"), py, str(PROGS / "cuda_hog.py"), "256"]
+    hog = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert hog.stdout is not None
+        line = hog.stdout.readline()
+        assert line.startswith("ready "), line
+        pid = int(line.split()[1])
+        theirs = os.stat(f"/proc/{pid}/root/dev/nvidia{minor}")
+        assert theirs.st_rdev == os.stat(gpu_class[index]).st_rdev
+        assert theirs.st_ino != os.stat(gpu_class[index]).st_ino  # another inode
+        refused = grant()
+        nvml = _nvml_used().get(pid, {})
+        audit = subprocess.run(
+            [*HOLD, "audit", "--device", "gpu", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        rows = [r for r in json.loads(audit.stdout)["holders"] if r["pid"] == pid]
+    finally:
+        stop(hog)
+    again = grant()
+    with capsys.disabled():
+        print(
+            f"\ngpu:{index} checks {grant_checks(state)}; CUDA pid {pid}: exit {refused.returncode}"
+        )
+        print(f"  {refused.stderr.strip()}")
+        print(f"  NVML {nvml}; audit {[(r['device'], r['device_memory_bytes']) for r in rows]}")
+    assert refused.returncode == 75, refused.stderr
+    assert f"pid {pid}" in refused.stderr, refused.stderr
+    assert audit.returncode == 1, audit.stderr
+    per_device = [r for r in rows if r["index"] is not None]
+    assert per_device and all(r["device_memory_bytes"] == nvml.get(minor) for r in per_device)
+    assert again.returncode == 0, again.stderr
