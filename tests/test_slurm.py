@@ -37,6 +37,8 @@ from conftest import (
 )
 from slurmcluster import ClusterUnavailable, SlurmCluster
 
+from hold_supervisor.exitcodes import INCOMPLETE
+
 BIN = Path(sys.executable).parent
 JOB = PROGS / "gpu_job.py"
 EPILOG = ROOT / "units" / "slurm" / "hold-epilog"
@@ -145,9 +147,12 @@ def audit(*args: str) -> tuple[int, dict[str, Any]]:
         text=True,
         timeout=60,
     )
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode in (0, 1, INCOMPLETE), res.stderr
     doc: dict[str, Any] = json.loads(res.stdout)
-    return res.returncode, doc
+    # No stray, but some process unread (this VM's init, even for root): not
+    # clean, said so (issue 45); the tests ask whether a stray was found.
+    assert (res.returncode == INCOMPLETE) == (res.returncode != 1 and doc["not_inspected"] > 0)
+    return (0 if res.returncode == INCOMPLETE else res.returncode), doc
 
 
 # --------------------------------------------------------------------------

@@ -248,7 +248,9 @@ def test_the_page_in_a_browser_shows_the_lease_and_the_stray(
     assert head[5:9] == ["CPU%", "CPU", "MEM", "PROCS"] and head[-1] == "LABEL"
     assert dev[8] == "1" and dev[7].endswith("iB"), dev  # the holder's one process, its memory
     assert dev[-1] == LABEL  # the label, as text
-    assert rows_with(page.tables["devices"], "npu:1")[0][1] == "free"
+    # The stray's device is not "free" (issue 45): the count saw its node open,
+    # or the scan status started named the stray.
+    assert rows_with(page.tables["devices"], "npu:1")[0][1] in ("in use", "unknown", "blocked")
 
     holders = {r[1]: r for r in page.tables["holders"][1:]}
     stray = holders[str(scene.stray)]
