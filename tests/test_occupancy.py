@@ -217,3 +217,34 @@ def test_status_shows_what_blocks_a_device_no_lease_holds(
     assert holder["state"] == "blocked" and holder["pid"] == stray.pid, holder
     free = doc["classes"]["fake"]["devices"][1]["holder"]
     assert free is None  # the other device is free, and said so
+
+
+def test_status_names_a_stray_no_grant_has_scanned_for(
+    fake: list[Path], procs: list[subprocess.Popen[str]]
+) -> None:
+    """Not "free" before any grant has looked (issue 45): a device whose count has
+    no scan behind it yet is "unknown", and status starts the scan (saying so)
+    that names the stray; the device nobody holds is then "free" by the count."""
+
+    def devices() -> list[dict[str, object]]:
+        res = subprocess.run(
+            [*HOLD, "status", "--json"], capture_output=True, text=True, timeout=60
+        )
+        assert res.returncode == 0, res.stderr
+        out: list[dict[str, object]] = json.loads(res.stdout)["classes"]["fake"]["devices"]
+        return out
+
+    stray = _stray(procs, fake[0])
+    first = devices()
+    for dev in first:
+        assert dev["holder"] is None and dev["known"] == "unknown", first
+        assert "a scan is running" in str(dev["proof"]), first
+    later = wait_for(
+        lambda: (d := devices())[0]["holder"] is not None and d[1].get("known") == "free" and d,
+        20,
+        what="status to show what its scan found",
+    )
+    holder = later[0]["holder"]
+    assert isinstance(holder, dict) and holder["state"] == "blocked", later
+    assert holder["pid"] == stray.pid, later
+    assert str(later[1]["proof"]).startswith("count"), later

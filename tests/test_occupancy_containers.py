@@ -186,6 +186,39 @@ def test_a_container_holder_from_before_the_grant_is_not_granted_over(
     assert grant_checks(state)[-1] == "count", grant_checks(state)
 
 
+def test_a_node_made_in_a_containers_dev_after_it_was_looked_into_is_counted(
+    device: Path, isolated_hold: Path, containers: list[subprocess.Popen[str]]
+) -> None:
+    """A namespace looked into before its node was made (a runtime between its
+    tmpfs and its mknod, or a privileged container's own mknod later): the
+    directory's watch sees the new entry, the node is watched, and the grant
+    after it scans."""
+    state = isolated_hold / "state"
+    counted(state)
+    go = isolated_hold / "go"
+    script = (
+        "mount -t tmpfs none /dev && echo up && "
+        f"while [ ! -e {go} ]; do sleep 0.05; done && mknod /dev/accel0 c 1 7 && "
+        'exec "$0" -c "$1" /dev/accel0'
+    )
+    p = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, HOLDER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    containers.append(p)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "up"
+    # Granted (no node of the device there yet: the count still stands).
+    assert hold_run("--no-wait").returncode == 0
+    assert grant_checks(state)[-1] == "count", grant_checks(state)
+    go.touch()
+    pid = int(p.stdout.readline())
+    refused = hold_run("--no-wait")
+    assert refused.returncode == 75 and str(pid) in refused.stderr, refused.stderr
+
+
 def test_a_container_holder_that_opens_during_a_lease_is_stopped_at_its_end(
     device: Path, isolated_hold: Path, containers: list[subprocess.Popen[str]]
 ) -> None:

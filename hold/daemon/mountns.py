@@ -278,7 +278,7 @@ def _find(
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode):
-            if fstype in DEV_FS and (point == "/dev" or point.startswith("/dev/")):
+            if fstype in DEV_FS and _is_dev(point):
                 _walk_dev(watch, point, ns_id, node, budget, found)
         else:
             node(point, st)  # a node bind-mounted onto its own mount point
@@ -323,6 +323,15 @@ def _walk_dev(
                     todo.append((entry.path, depth + 1))
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
                 node(entry.path, st)
+
+
+def _is_dev(point: str) -> bool:
+    """A mount that a /dev is made of: /dev itself or one below it -- not /dev/shm,
+    a tmpfs for POSIX shared memory that programs fill with files all day (each
+    new entry would look into the namespace again), and no place for nodes."""
+    if point == "/dev/shm" or point.startswith("/dev/shm/"):
+        return False
+    return point == "/dev" or point.startswith("/dev/")
 
 
 def _mount_of(line: str) -> tuple[str | None, str]:

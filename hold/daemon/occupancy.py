@@ -108,6 +108,7 @@ class Occupancy:
         self.namespaces: MountNamespaces | None = None
         self._devices: dict[tuple[str, int], str] = {}  # ("c"|"b", rdev) -> device key
         self._patterns: list[str] = []
+        self._relook = False  # a node of another inode was lost: look everywhere again
         if self.watch is not None and os.geteuid() == 0:
             self.namespaces = MountNamespaces(self.watch)
         self.log: Any = None  # the daemon's logger, where there is one
@@ -176,6 +177,9 @@ class Occupancy:
         late may have been opened before: its device's count starts over."""
         if self.namespaces is None or not self._devices:
             return
+        if self._relook:
+            self._relook = False
+            self.namespaces.forget()
         found = self.namespaces.refresh(self._devices, self._patterns)
         with self._lock:
             for key, counted in found.nodes:
@@ -200,8 +204,11 @@ class Occupancy:
                     out.add(key)
                 lost = [o for o in others if o.lost]
                 if lost:
-                    # Its file system went (a container ended) or the node was
-                    # removed: the inode may still be open elsewhere.
+                    # Its file system went (a container ended), the node was
+                    # removed, or the queue overflowed: the inode may still be
+                    # open elsewhere, and a node still there must be watched
+                    # again (every namespace is looked into at the next refresh).
+                    self._relook = True
                     others[:] = [o for o in others if not o.lost]
                     for o in lost:
                         self.watch.forget(o)
