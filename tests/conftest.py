@@ -246,6 +246,52 @@ def fresh_leaf() -> Iterator[Leaf]:
         leaf.remove(hier.base)
 
 
+# /dev/full: a real character device anyone may open and nobody here holds, for
+# the tests of holders through another node of it (a container's own /dev,
+# tests/test_occupancy_containers.py, the container soak). Device numbers are
+# machine-wide, so those tests take turns across every run of this suite here.
+FULL = os.makedev(1, 7)
+
+
+def _holders_of_full() -> list[int]:
+    """Pids with /dev/full's device open (any node of it), read from /proc."""
+    out = []
+    for pid in scan.pids():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == FULL:
+                out.append(pid)
+                break
+    return out
+
+
+@pytest.fixture
+def dev_full() -> Iterator[None]:
+    """/dev/full to this test alone (a file lock shared by every run of the suite),
+    checked free of anyone else's holders first (skipped where it is not)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(os.path.join(tempfile.gettempdir(), "hold-tests-dev-full.lock"), mode=0o666)
+    try:
+        lock.acquire(timeout=DEVICES_WAIT)
+    except Timeout:
+        pytest.fail(f"another run of this suite kept /dev/full for {DEVICES_WAIT:.0f} s")
+    try:
+        others = _holders_of_full()
+        if others:
+            pytest.skip(f"/dev/full is held by pid(s) {others}, not this test's")
+        yield
+    finally:
+        lock.release()
+
+
 def holds_node(pid: int, node: Path) -> bool:
     """Whether ``pid`` has ``node`` open (a descriptor to the same file), read from /proc."""
     want = os.stat(node)

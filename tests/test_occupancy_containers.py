@@ -24,18 +24,24 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, LOADED, alive, audit_clean, grant_checks, update_config, wait_for
+from conftest import (
+    FULL,
+    HOLD,
+    LOADED,
+    alive,
+    audit_clean,
+    grant_checks,
+    update_config,
+    wait_for,
+)
 
 from hold_supervisor.proc import scan
 from hold_supervisor.proc.cgroup import CgroupUnavailable, Hierarchy
-
-FULL = os.makedev(1, 7)
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="a container's node is made by root (mknod)"),
@@ -43,49 +49,15 @@ pytestmark = [
 ]
 
 
-def _holders_of_full() -> list[int]:
-    """Pids with /dev/full's device open (any node of it), read from /proc."""
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{entry.name}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                st = os.stat(f"/proc/{entry.name}/fd/{fd}")
-            except OSError:
-                continue
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == FULL:
-                out.append(int(entry.name))
-                break
-    return out
-
-
 @pytest.fixture
-def device(isolated_hold: Path) -> Iterator[Path]:
+def device(isolated_hold: Path, dev_full: None) -> Path:
     """Class ``ctr``: one device, /dev/full, through a node in the test's directory."""
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(os.path.join(tempfile.gettempdir(), "hold-tests-dev-full.lock"), mode=0o666)
-    try:
-        lock.acquire(timeout=240)
-    except Timeout:
-        pytest.fail("another run of this suite kept /dev/full for 240 s")
-    try:
-        others = _holders_of_full()
-        if others:
-            pytest.skip(f"/dev/full is held by pid(s) {others}, not this test's")
-        d = isolated_hold / "ctrdev"
-        d.mkdir()
-        node = d / "full0"
-        os.mknod(node, stat.S_IFCHR | 0o666, FULL)
-        update_config(isolated_hold, devices={"ctr": {"nodes": [f"{d}/full*"]}})
-        yield node
-    finally:
-        lock.release()
+    d = isolated_hold / "ctrdev"
+    d.mkdir()
+    node = d / "full0"
+    os.mknod(node, stat.S_IFCHR | 0o666, FULL)
+    update_config(isolated_hold, devices={"ctr": {"nodes": [f"{d}/full*"]}})
+    return node
 
 
 @pytest.fixture
