@@ -30,6 +30,11 @@ killed by the kernel with their parent), and each figure at the largest size
 is given against the same at the smallest: a ticket must cost the same on a
 busy machine.
 
+``--mode cgroup,walk`` (issue 45): and once per way of holding a tree -- a
+cgroup leaf where one can be made, or the walk (``cgroups: off``) -- each
+with a daemon and configuration of its own; every mode's figures at the
+most processes are given against its own at the fewest.
+
 ``--namespaces 0,50`` (issue 45): and once per number of "containers" beside
 them: mount namespaces of their own, each with a tmpfs on its ``/dev`` and a
 node of the loop's device made there by ``mknod`` (what a container runtime
@@ -455,6 +460,12 @@ def main(argv: list[str] | None = None) -> int:
         default="char" if os.geteuid() == 0 else "file",
         help="the loop's device: /dev/full through a node here (root), or a regular file",
     )
+    ap.add_argument(
+        "--mode",
+        default="cgroup",
+        help="how trees are held, comma-separated: cgroup (a leaf where one can be made), "
+        "walk (cgroups: off)",
+    )
     ap.add_argument("--only", default="start,handoff,idle,loop", help="parts, comma-separated")
     ap.add_argument("--tmp", help="where the state directories go (default: $TMPDIR)")
     ap.add_argument("--name", default=time.strftime("tickets-%Y%m%d-%H%M%S"))
@@ -462,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     parts = set(args.only.split(","))
     sizes = sorted({int(n) for n in args.crowd.split(",")})
     spaces = sorted({int(n) for n in args.namespaces.split(",")})
+    modes = list(dict.fromkeys(args.mode.split(",")))
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"--mode {m!r}: one of {', '.join(MODES)}")
 
     result: dict[str, Any] = {
         "machine": machine(),
@@ -479,8 +494,6 @@ def main(argv: list[str] | None = None) -> int:
             os.mknod(work / "npudev0", 0o20666, os.makedev(1, 7))
         else:
             (work / "npudev0").touch()
-        node_config = work / "node-config.yaml"
-        node_config.write_text(f'devices:\n  npu:\n    nodes: ["{work}/npudev*"]\n')
         env = dict(
             os.environ,
             HOLD_STATE_DIR=str(work / "state"),
@@ -488,24 +501,27 @@ def main(argv: list[str] | None = None) -> int:
             HOLD_LOCK_DIR=str(locks_in(work)),
             PYTHONDONTWRITEBYTECODE="",
         )
-        # Start-up runs without a configuration file (as most machines run).
-        plain_env = {k: v for k, v in env.items() if k != "HOLD_CONFIG"}
-        plain_env["HOLD_STATE_DIR"] = str(work / "plain-state")
-        node_env = dict(env, HOLD_CONFIG=str(node_config), HOLD_STATE_DIR=str(work / "node-state"))
+        envs = {m: mode_envs(m, work, env) for m in modes}
         ctrs: list[subprocess.Popen[bytes]] = []
         try:
             added = 0
-            for size, ns in itertools.product(sizes, spaces):
+            for size, ns, mode in itertools.product(sizes, spaces, modes):
+                plain_env, node_env = envs[mode]
                 if size > added:
                     crowds.append(crowd(size - added))
                     added = size
                 if ns != len(ctrs):
                     _end_containers(ctrs)
                     ctrs = containers(ns)
-                row: dict[str, Any] = {"crowd": size, "namespaces": ns, "processes": processes()}
+                row: dict[str, Any] = {
+                    "crowd": size,
+                    "namespaces": ns,
+                    "mode": mode,
+                    "processes": processes(),
+                }
                 print(
                     f"-- {size} idle processes added ({row['processes']} in all), "
-                    f"{ns} mount namespaces",
+                    f"{ns} mount namespaces, {mode}",
                     flush=True,
                 )
                 if "start" in parts:
@@ -519,14 +535,14 @@ def main(argv: list[str] | None = None) -> int:
             crowds.clear()
             _end_containers(ctrs)
             if "handoff" in parts:
-                result["handoff_ms"] = handoff_table(args.rounds, args.clients, work, plain_env)
+                result["handoff_ms"] = handoff_table(
+                    args.rounds, args.clients, work, envs[modes[0]][0]
+                )
             if "idle" in parts:
                 result["idle"] = idle_daemon(args.idle, work, env)
         finally:
-            for state in ("state", "plain-state", "node-state"):
-                lock = work / state / "daemon.lock"
-                if lock.exists():
-                    subprocess.run(["kill", lock.read_text().strip()], check=False)
+            for lock in work.glob("*state*/daemon.lock"):
+                subprocess.run(["kill", lock.read_text().strip()], check=False)
             for c in crowds:
                 _end_crowd(c)
             _end_containers(ctrs)
@@ -535,6 +551,27 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     return 0
+
+
+MODES = {"cgroup": "auto", "walk": "off"}  # --mode -> the configuration's cgroups
+
+
+def mode_envs(mode: str, work: Path, env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the plain run's environment, the node-backed class's) for ``mode``: each with
+    a daemon and configuration of its own. In the default mode the plain run has
+    no configuration file, as most machines run."""
+    node_config = work / f"node-config-{mode}.yaml"
+    node_config.write_text(
+        f'cgroups: {MODES[mode]}\ndevices:\n  npu:\n    nodes: ["{work}/npudev*"]\n'
+    )
+    plain = {k: v for k, v in env.items() if k != "HOLD_CONFIG"}
+    plain["HOLD_STATE_DIR"] = str(work / f"plain-state-{mode}")
+    if mode != "cgroup":
+        plain_config = work / f"plain-config-{mode}.yaml"
+        plain_config.write_text(f"cgroups: {MODES[mode]}\n")
+        plain["HOLD_CONFIG"] = str(plain_config)
+    node = dict(env, HOLD_CONFIG=str(node_config), HOLD_STATE_DIR=str(work / f"node-state-{mode}"))
+    return plain, node
 
 
 def _end_crowd(c: subprocess.Popen[str]) -> None:
@@ -565,7 +602,8 @@ def handoff_table(rounds: int, clients: int, work: Path, env: dict[str, str]) ->
 
 def _column(s: dict[str, Any]) -> str:
     ns = s.get("namespaces", 0)
-    return f"{s['processes']:,} processes" + (f", {ns} mount namespaces" if ns else "")
+    out = f"{s['processes']:,} processes" + (f", {ns} mount namespaces" if ns else "")
+    return out + (f", {s['mode']}" if s.get("mode", "cgroup") != "cgroup" else "")
 
 
 def table(r: dict[str, Any]) -> str:
@@ -615,8 +653,16 @@ def table(r: dict[str, Any]) -> str:
             for s in sizes
         ]
         lines.append("| why a grant scanned | " + " | ".join(cells) + " |")
-    if len(sizes) > 1:
-        first, last = sizes[0], sizes[-1]
+    # Each mode (and number of namespaces) against its own row at the fewest
+    # processes: a ticket must cost the same on a busy machine (issue 45's aims:
+    # start-up within 1.25x, the loop at least 0.75x).
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for s in sizes:
+        groups.setdefault((s.get("mode", "cgroup"), s.get("namespaces", 0)), []).append(s)
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue
+        first, last = rows[0], rows[-1]
         lines += ["", f"At {_column(last)} against {_column(first)}:"]
         if "start" in first:
             for name in (
@@ -624,11 +670,15 @@ def table(r: dict[str, Any]) -> str:
                 "hold run -- true (no config file)",
             ):
                 a, b = median(first["start"][name]), median(last["start"][name])
-                lines.append(f"- `{name}`: {b / a:.2f}x the time")
+                met = "met" if b / a <= 1.25 else "MISSED"
+                lines.append(f"- `{name}`: {b / a:.2f}x the time (aim 1.25x: {met})")
         if "loop" in first:
             a = first["loop"]["npu-hold -- true"]["per_s"]
             b = last["loop"]["npu-hold -- true"]["per_s"]
-            lines.append(f"- the loop of `npu-hold -- true`: {b / a:.2f}x the rate")
+            met = "met" if b / a >= 0.75 else "MISSED"
+            lines.append(
+                f"- the loop of `npu-hold -- true`: {b / a:.2f}x the rate (aim 0.75x: {met})"
+            )
     if "handoff_ms" in r:
         n = len(next(iter(r["handoff_ms"].values())))
         lines += [
