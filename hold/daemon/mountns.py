@@ -122,11 +122,11 @@ class MountNamespaces:
         self._lock = threading.Lock()
         self._known: dict[int, _Known] = {}  # namespace id -> what it had at its last look
         self.unavailable: str | None = None
-        self.looks = 0  # namespaces looked into (the benchmark counts them)
         try:
             self._own = procscan.open_ns("self", "mnt")
             self._proc = procscan.open_dir()
-            self._walk()
+            for _nr, fd in self._walk().values():  # can they be listed here at all?
+                os.close(fd)
         except OSError as e:
             self.unavailable = _why(e)
 
@@ -206,7 +206,6 @@ class MountNamespaces:
         self, ns_id: int, fd: int, devices: dict[tuple[str, int], str], patterns: list[str]
     ) -> Found:
         """Look into namespace ``fd`` from a thread of its own (see the module docstring)."""
-        self.looks += 1
         found = Found()
 
         def enter_and_look() -> None:

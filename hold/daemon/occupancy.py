@@ -25,6 +25,12 @@ that depends on what the scan could see:
 * neither (no baseline yet, the queue overflowed, the node replaced or not
   watchable): the next grant scans, and that scan is the new baseline.
 
+The count of one inode proves nothing of a node of the same device with
+another inode (a container's own ``/dev``): so every such node the system
+daemon can find, in every mount namespace, is counted with it
+(:mod:`hold.daemon.mountns`); where the namespaces cannot be listed the
+count does not stand alone (:meth:`Occupancy.witness`).
+
 A scan also runs where someone is known to hold the device (to name them),
 for ``hold audit``, and at a lease's end when the count is not back at zero
 (whoever took the device during the lease is stopped before anyone else gets
@@ -216,12 +222,24 @@ class Occupancy:
                     self.trust.pop(key, None)
             return out
 
+    def _read_now(self) -> str | None:
+        """Bring the counts up to now -- every node of a tracked device in a new
+        mount namespace watched, the kernel's queue read -- and say why the
+        count cannot stand alone here (:meth:`witness`), or None."""
+        witness = self.witness()
+        if witness is None:
+            # The queue first: an entry made in a watched directory (a mknod
+            # in a container's /dev) must be known before the look, or its
+            # node is watched only after the grant it should have stopped.
+            self.drain()
+            self.refresh()
+        self.drain()
+        return witness
+
     def known_empty(self, keys: list[str]) -> bool:
         """Does the kernel's count prove every device of ``keys`` empty now?"""
-        if self.witness() is not None:
+        if self._read_now() is not None:
             return False
-        self.refresh()
-        self.drain()
         with self._lock:
             return all(self._empty(k) for k in keys)
 
@@ -250,10 +268,8 @@ class Occupancy:
         one, else None. Held where an exact count is above zero (events can be
         merged away, never made up); not held where no open came since the
         count's scan (see :meth:`_empty`); else unknown."""
-        if self.witness() is not None:
+        if self._read_now() is not None:
             return None
-        self.refresh()
-        self.drain()
         with self._lock:
             out = False
             for k in keys:
@@ -271,10 +287,7 @@ class Occupancy:
         -- ``free``, ``in use`` (the count says a node of it is open; nobody
         named yet), ``unknown`` -- and how that is known, or why no more is
         (for ``hold status``)."""
-        witness = self.witness()
-        if witness is None:
-            self.refresh()
-        self.drain()
+        witness = self._read_now()
         with self._lock:
             c = self.counts.get(key)
             if c is None:
@@ -325,8 +338,7 @@ class Occupancy:
     def mark(self, keys: list[str]) -> dict[str, int]:
         """Before a scan: each device's events so far (after reading the kernel's queue,
         with every node of it that exists now watched)."""
-        self.refresh()
-        self.drain()
+        self._read_now()
         with self._lock:
             return {k: self._events(k) for k in keys if k in self.counts}
 
@@ -341,8 +353,11 @@ class Occupancy:
         what the scan could see, see the module docstring); one it found held
         is not. Returns the devices whose node was opened or closed while the
         scan ran (its word on them may be stale: each process is read at its
-        own moment, and one read before it opened the node was seen empty)."""
-        self.drain()
+        own moment, and one read before it opened the node was seen empty).
+        A node of it found only now, in a mount namespace that appeared while
+        the scan ran, counts as a move too: its opens before now were counted
+        by nobody."""
+        self._read_now()
         moved: set[str] = set()
         with self._lock:
             for key, events in marked.items():
