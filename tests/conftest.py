@@ -255,21 +255,11 @@ FULL = os.makedev(1, 7)
 
 def _holders_of_full() -> list[int]:
     """Pids with /dev/full's device open (any node of it), read from /proc."""
-    out = []
-    for pid in scan.pids():
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                st = os.stat(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == FULL:
-                out.append(pid)
-                break
-    return out
+    return [
+        pid
+        for pid in scan.pids()
+        if any(stat.S_ISCHR(st.st_mode) and st.st_rdev == FULL for st in open_files(pid))
+    ]
 
 
 @pytest.fixture
@@ -292,21 +282,23 @@ def dev_full() -> Iterator[None]:
         lock.release()
 
 
-def holds_node(pid: int, node: Path) -> bool:
-    """Whether ``pid`` has ``node`` open (a descriptor to the same file), read from /proc."""
-    want = os.stat(node)
+def open_files(pid: int) -> Iterator[os.stat_result]:
+    """What each descriptor of ``pid`` names (nothing where it may not be read)."""
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return False
+        return
     for name in names:
         try:
-            st = os.stat(f"/proc/{pid}/fd/{name}")
+            yield os.stat(f"/proc/{pid}/fd/{name}")
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
-            return True
-    return False
+
+
+def holds_node(pid: int, node: Path) -> bool:
+    """Whether ``pid`` has ``node`` open (a descriptor to the same file), read from /proc."""
+    want = os.stat(node)
+    return any((st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) for st in open_files(pid))
 
 
 def own_device_classes(base: Path) -> dict[str, dict[str, list[str]]]:

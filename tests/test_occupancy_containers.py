@@ -79,6 +79,19 @@ HOLDER = (
 )
 
 
+def unshared(script: str, started: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    """``sh -c SCRIPT`` in a mount namespace of its own (``$0``: this Python, ``$1``:
+    the holder's program), its output piped; added to ``started``."""
+    p = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, HOLDER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started.append(p)
+    return p
+
+
 def container(how: str, node: Path, base: Path, started: list[subprocess.Popen[str]]) -> int:
     """Start a holder in a mount namespace of its own that opens /dev/full through a
     node it made there (``how``): ``bind`` -- made on a tmpfs and bind-mounted
@@ -96,14 +109,7 @@ def container(how: str, node: Path, base: Path, started: list[subprocess.Popen[s
     else:
         setup = "mount -t tmpfs none /dev && mknod /dev/accel0 c 1 7"
         path = "/dev/accel0"
-    script = f'{setup} && exec "$0" -c "$1" {path}'
-    p = subprocess.Popen(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, HOLDER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    started.append(p)
+    p = unshared(f'{setup} && exec "$0" -c "$1" {path}', started)
     assert p.stdout is not None
     line = p.stdout.readline()
     assert line.strip().isdigit(), (line, p.stderr.read() if p.poll() is not None else "")
@@ -173,13 +179,7 @@ def test_a_node_made_in_a_containers_dev_after_it_was_looked_into_is_counted(
         f"while [ ! -e {go} ]; do sleep 0.05; done && mknod /dev/accel0 c 1 7 && "
         'exec "$0" -c "$1" /dev/accel0'
     )
-    p = subprocess.Popen(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, HOLDER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    containers.append(p)
+    p = unshared(script, containers)
     assert p.stdout is not None
     assert p.stdout.readline().strip() == "up"
     # Granted (no node of the device there yet: the count still stands).

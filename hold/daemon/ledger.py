@@ -17,7 +17,17 @@ HOLDER_ENDED = "ended by its holder"  # why a session ends when its own client s
 class TreeRec:
     """A tree registered by a client: found by marker and leaf before its root is known."""
 
-    __slots__ = ("grace", "leaf", "pgid", "root_pid", "root_start", "sid", "since", "tree_id")
+    __slots__ = (
+        "below",
+        "grace",
+        "leaf",
+        "pgid",
+        "root_pid",
+        "root_start",
+        "sid",
+        "since",
+        "tree_id",
+    )
 
     def __init__(self, tree_id: str, leaf: str | None, since: int, grace: float = 10.0) -> None:
         self.tree_id = tree_id
@@ -28,6 +38,9 @@ class TreeRec:
         self.root_start: int | None = None
         self.pgid: int | None = None
         self.sid: int | None = None
+        # Its root was spawned below the session's holder (not adopted): all of
+        # it lives there. Not written down: a restarted daemon walks /proc.
+        self.below = False
 
     def entry(self) -> TreeEntry:
         return TreeEntry(

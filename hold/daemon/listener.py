@@ -6,6 +6,7 @@ where the kernel has it), never from a message.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -42,12 +43,22 @@ def listen(path: str, shared: bool) -> socket.socket:
     return sock
 
 
+class OutOfDescriptors(OSError):
+    """No descriptor left for the next client (``EMFILE``, ``ENFILE``): it waits in
+    the backlog until one is given back."""
+
+
 def accept(listener: socket.socket, want_write: Callable[[Conn, bool], None]) -> Conn | None:
-    """The next client, identified by the kernel; None if none waits or it is gone already."""
+    """The next client, identified by the kernel; None if none waits or it is gone already.
+    Raises :class:`OutOfDescriptors` where this process has none left for it."""
     try:
         sock, _ = listener.accept()
     except BlockingIOError:
         return None
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            raise OutOfDescriptors(e.errno, e.strerror) from None
+        raise
     pid, uid, _gid = struct.unpack(
         "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     )

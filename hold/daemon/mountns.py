@@ -146,7 +146,8 @@ class MountNamespaces:
         nodes of ``devices`` (``("c"|"b", rdev)`` -> device key) found there and
         now watched. ``patterns``: the configured node patterns, looked up in
         each namespace too. Costs one walk of the namespace list when nothing
-        changed."""
+        changed. Raises :class:`OSError` where the list could not be read this
+        time (out of descriptors): nothing is known of the namespaces then."""
         out = Found()
         if self.unavailable is not None:
             return out
@@ -155,8 +156,11 @@ class MountNamespaces:
             try:
                 listed = self._walk()
             except OSError as e:
-                self.unavailable = _why(e)
-                return out
+                if e.errno in (errno.ENOTTY, errno.EPERM, errno.EINVAL):
+                    self.unavailable = _why(e)  # for good: this kernel, this daemon
+                    return out
+                self.watch.restore_made(made)
+                raise
             try:
                 for ns_id, (nr, fd) in listed.items():
                     old = self._known.get(ns_id)

@@ -223,6 +223,11 @@ class NodeWatch:
             out, self._made_since = self._made_since, set()
             return out
 
+    def restore_made(self, tags: set[object]) -> None:
+        """Give back what :meth:`take_made` gave, not acted on."""
+        with self._lock:
+            self._made_since |= tags
+
     def _add_watch(self, path: str, mask: int) -> int:
         wd = int(self._add(self.fd, os.fsencode(path), mask))
         if wd < 0:

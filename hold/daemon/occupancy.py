@@ -52,7 +52,7 @@ import os
 import pwd
 import stat
 import threading
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from hold.daemon.mountns import MountNamespaces
 from hold.daemon.nodewatch import Counted, NodeWatch, WatchUnavailable
@@ -64,6 +64,9 @@ from hold_supervisor.proc.identity import ProcessId, user_name
 from hold_supervisor.proc.origin import origin
 from hold_supervisor.proc.stop import StopReport, stop_tree
 from hold_supervisor.proc.tree import Tree
+
+if TYPE_CHECKING:
+    from hold.daemon.records import Log
 
 Trust = Literal["exact", "opens"]
 Holders = dict[int, list[dict[str, Any]]]  # device index -> who holds one of its nodes
@@ -117,7 +120,7 @@ class Occupancy:
         self._relook = False  # a node of another inode was lost: look everywhere again
         if self.watch is not None and os.geteuid() == 0:
             self.namespaces = MountNamespaces(self.watch)
-        self.log: Any = None  # the daemon's logger, where there is one
+        self.log: Log | None = None  # the daemon's, where there is one
 
     def witness(self) -> str | None:
         """Why the count of the nodes found cannot stand alone here (None where it can).
@@ -175,7 +178,10 @@ class Occupancy:
                         self._devices[(kind, rdev)] = key
         if self.namespaces is not None:
             self.namespaces.forget()
-        self.refresh()
+        try:
+            self.refresh()
+        except OSError:
+            pass  # out of descriptors now: the first grant looks again
 
     def refresh(self) -> None:
         """Watch the nodes of the tracked devices in mount namespaces that are new or
@@ -232,7 +238,10 @@ class Occupancy:
             # in a container's /dev) must be known before the look, or its
             # node is watched only after the grant it should have stopped.
             self.drain()
-            self.refresh()
+            try:
+                self.refresh()
+            except OSError as e:  # this time only (out of descriptors): no proof now
+                witness = f"the mount namespaces could not be listed now: {e.strerror}"
         self.drain()
         return witness
 

@@ -361,6 +361,7 @@ class Ops:
             return
         tree.root_pid, tree.root_start, tree.pgid = pid, st.starttime, st.pgrp
         tree.sid = st.session if st.session == pid else None
+        tree.below = True
         self.st.save()
         if s.lease is not None:
             self.st.records.write_tokens(s)

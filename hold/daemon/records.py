@@ -64,6 +64,11 @@ class Log:
         if self._echo is not None:
             self._echo.info(event, **kw)
 
+    def warning(self, event: str, **kw: Any) -> None:
+        self._log.warning(event, **kw)
+        if self._echo is not None:
+            self._echo.warning(event, **kw)
+
     def error(self, event: str, **kw: Any) -> None:
         self._log.error(event, **kw)
         if self._echo is not None:

@@ -55,6 +55,7 @@ from hold_supervisor.stack.notify import tell_systemd
 
 STOP_JOIN = 60.0  # seconds a stopping daemon waits for a stop in flight
 NODE_EVENTS_PAUSE = 0.25  # seconds the loop looks away from the node events after a read
+ACCEPT_PAUSE = 0.05  # seconds the loop stops listening when it has no descriptor left
 PER_TURN = 32  # requests of one client handled in a turn of the loop, before the others' turn
 
 
@@ -96,6 +97,8 @@ class Daemon:
         self.idle_since: float | None = None
         self.lock_fd: int | None = None  # the state directory's daemon lock, held for life
         self.nodes_resume_at: float | None = None  # when the node events are read again
+        self.listen_resume_at: float | None = None  # when new clients are taken again
+        self.sock: socket.socket | None = None  # the listening socket, once it serves
         self.behind: set[Conn] = set()  # connections with requests read and not yet handled
 
     # ------------------------------------------------------------------ life
@@ -163,6 +166,7 @@ class Daemon:
         st = self.st
         assert st.log is not None
         wake_r, st.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.sock = sock
         st.sel.register(sock, selectors.EVENT_READ, ("listen", None))
         st.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
         self._listen_to_nodes()
@@ -273,7 +277,16 @@ class Daemon:
     # ---------------------------------------------------------- connections
 
     def _accept(self, sock: socket.socket) -> None:
-        conn = listener.accept(sock, self._want_write)
+        try:
+            conn = listener.accept(sock, self._want_write)
+        except listener.OutOfDescriptors:
+            # Every descriptor taken (a flood of connections, a low limit): the
+            # client waits in the backlog. Not listening for a moment, or the
+            # loop would spin on a socket it cannot accept from; a connection
+            # that closes gives a descriptor back before then (issue 24's flood).
+            self.st.sel.unregister(sock)
+            self.listen_resume_at = time.monotonic() + ACCEPT_PAUSE
+            return
         if conn is None:
             return
         st = self.st
@@ -440,8 +453,12 @@ class Daemon:
         deadlines += [t - now_mono for t in self.endings.kill_at.values()]
         if self.grants.recheck_at is not None:
             deadlines.append(self.grants.recheck_at - now_mono)
+        if self.endings.sweep_at is not None:
+            deadlines.append(self.endings.sweep_at - now_mono)
         if self.nodes_resume_at is not None:
             deadlines.append(self.nodes_resume_at - now_mono)
+        if self.listen_resume_at is not None:
+            deadlines.append(self.listen_resume_at - now_mono)
         if self.st.idle_exit is not None and self.idle_since is not None:
             deadlines.append(self.idle_since + self.st.idle_exit - now_mono)
         return max(0.0, min(deadlines)) if deadlines else None
@@ -452,6 +469,7 @@ class Daemon:
             or self.endings.ending
             or self.grants.verifying
             or self.grants.blocked
+            or self.endings.unswept
             or any(k.data[0] == "conn" for k in self.st.sel.get_map().values())
         )
         if busy:
@@ -472,8 +490,14 @@ class Daemon:
             st.stopping = True
         if self.grants.recheck_at is not None and self.grants.recheck_at <= now_mono:
             self._recheck()
+        if self.endings.sweep_at is not None and self.endings.sweep_at <= now_mono:
+            self.endings.sweep_markers()
         if self.nodes_resume_at is not None and self.nodes_resume_at <= now_mono:
             self._listen_to_nodes()
+        if self.listen_resume_at is not None and self.listen_resume_at <= now_mono:
+            self.listen_resume_at = None
+            assert self.sock is not None
+            self.st.sel.register(self.sock, selectors.EVENT_READ, ("listen", None))
         # (Leases are expired at the start of each turn: see _turn.)
         for sid, t in list(self.endings.kill_at.items()):
             if t <= now_mono and sid in st.sessions:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import selectors
+import time
 from typing import Any
 
 from hold.daemon import ledger, occupancy
@@ -23,6 +24,7 @@ from hold.daemon.listener import pidfd_exited
 from hold.daemon.state import DaemonState
 from hold.documents import LeaseState
 from hold.protocol import Ev
+from hold_supervisor.proc import scan
 from hold_supervisor.proc.cgroup import Leaf, leaves_made_by, sweep_made_by
 from hold_supervisor.proc.identity import ProcessId
 from hold_supervisor.proc.stop import StopReport, stop_tree
@@ -36,6 +38,10 @@ Stopped = tuple[str, list[StopReport], dict[int, Any], frozenset[int]]
 LIFELINE = "lifeline"  # a session's end: its owner's connection ended
 OWNER_DIED = "owner died while the daemon was down"
 OWNER_EXIT_WAIT = 5.0  # seconds a session's end waits for its owner's exit, to sweep its leaves
+# Seconds between the machine-wide searches for the markers of trees that were
+# ended by a look below their holder (see Endings.sweep_markers): one read of
+# every process for all the trees ended meanwhile, never one per lease.
+MARKER_SWEEP = 10.0
 
 
 class Endings:
@@ -50,6 +56,10 @@ class Endings:
         self.kill_at: dict[str, float] = {}  # session id -> monotonic deadline
         self.watch: dict[int, str] = {}  # pidfd of a detached owner -> session id
         self.done: queue.SimpleQueue[Stopped] = queue.SimpleQueue()
+        # Trees ended by a look below their holder: (the tree, as found by its
+        # marker alone, and its grace), until the next sweep; when it is due.
+        self.unswept: list[tuple[Tree, float]] = []
+        self.sweep_at: float | None = None
 
     def end(self, s: SessionRec, reason: str) -> None:
         """Stop the session's trees in a worker; the lease ends when they are stopped."""
@@ -67,7 +77,14 @@ class Endings:
         # Each tree with its own grace (a stack's units each asked for theirs);
         # the lease's for whoever is left on its devices.
         grace = s.lease.grace if s.lease else max((t.grace for t in s.trees.values()), default=10.0)
-        trees = [(_tree_of(s, t), t.grace) for t in s.trees.values()]
+        # At the holder's own end its trees without a leaf are looked for below
+        # it (it is alive, waiting for "ended"), not in a listing of /proc: the
+        # machine-wide search for their markers comes later (sweep_markers).
+        below = reason == HOLDER_ENDED
+        trees = [(_tree_of(s, t, below=below), t.grace) for t in s.trees.values()]
+        for tree, g in trees:
+            if tree.subtree_of is not None:
+                self._unswept(tree, g)
         if reason == HOLDER_ENDED:
             # The holder stopped its trees itself (the same stop_tree, survivor
             # check and all) before it said "end". A tree in a leaf that is now
@@ -94,6 +111,57 @@ class Endings:
             return
         sid = s.session_id
         self.st.workers.submit(lambda: self._stop_worker(sid, trees, grace, devices, uid))
+
+    def _unswept(self, tree: Tree, grace: float) -> None:
+        marker_only = Tree(tree.tree_id, None, None, None, since=tree.since, uid=tree.uid)
+        self.unswept.append((marker_only, grace))
+        if self.sweep_at is None:
+            self.sweep_at = time.monotonic() + MARKER_SWEEP
+
+    def sweep_markers(self) -> None:
+        """Search the whole machine, once, for the markers of the trees ended by a
+        look below their holder since the last sweep (in a worker): what one of
+        them asked another daemon to start (``at``, ``systemd-run``) is below no
+        holder, and only its marker names it. Each found is stopped (its tree
+        by every means, the survivor check and all) and logged: after its lease
+        has changed hands, so it slows no grant and no run."""
+        trees, self.unswept, self.sweep_at = self.unswept, [], None
+        if not trees:
+            return
+        log = self.st.log
+
+        def work() -> None:
+            oldest = min(t.since for t, _ in trees)
+            wanted = {t.marker: (t, g) for t, g in trees}
+            found: dict[bytes, list[int]] = {}
+            for st in scan.snapshot().values():
+                if st.starttime < oldest or st.is_dead:
+                    continue
+                try:
+                    env = scan.environ(st.pid)
+                except OSError:
+                    continue  # not ours to read: nor could a marker we set be there
+                for entry in (env or b"").split(b"\0"):
+                    if entry in wanted and st.starttime >= wanted[entry][0].since:
+                        found.setdefault(entry, []).append(st.pid)
+            for marker, pids in found.items():
+                tree, grace = wanted[marker]
+                try:
+                    report = stop_tree(tree, grace=grace)
+                except Exception as e:  # never let a stop kill the daemon silently
+                    if log is not None:
+                        log.error("stop_failed", tree=tree.tree_id, error=repr(e))
+                    continue
+                if log is not None:
+                    log.warning(
+                        "marker_survivors_stopped",
+                        tree=tree.tree_id,
+                        pids=pids,
+                        outcome=report.outcome,
+                        survivors=[sv._asdict() for sv in report.survivors],
+                    )
+
+        self.st.workers.submit(work)
 
     def sweep_leaves(self, s: SessionRec) -> None:
         """Empty cgroup leaves a dead owner made and never gave to anyone (killed
@@ -327,8 +395,12 @@ def _live_owner(s: SessionRec) -> int | None:
     return fd
 
 
-def _tree_of(s: SessionRec, t: TreeRec) -> Tree:
+def _tree_of(s: SessionRec, t: TreeRec, *, below: bool = False) -> Tree:
+    """The tree ``t`` of session ``s``; ``below``: one without a leaf whose root was
+    spawned below the holder is looked for below the holder only
+    (:attr:`Tree.subtree_of`)."""
     root = ProcessId(t.root_pid, t.root_start) if t.root_pid and t.root_start else None
+    under = below and t.leaf is None and t.below
     return Tree(
         t.tree_id,
         root,
@@ -338,6 +410,7 @@ def _tree_of(s: SessionRec, t: TreeRec) -> Tree:
         since=t.since,
         # Running as root for another user: no further than that user could go.
         uid=limit_uid(s.uid),
+        subtree_of=ProcessId(s.owner_pid, s.owner_start) if under else None,
     )
 
 

@@ -192,7 +192,10 @@ def check_survivors(
 
     def candidates() -> list[int]:
         if not memo:
-            everyone = {**scan.snapshot(), **procs} if tree.leaf_only else procs
+            # A look that read less than every process (the leaf, the subtree)
+            # did not read who else may hold what the tree held.
+            partial = tree.leaf_only or (tree.leaf is None and tree.subtree_of is not None)
+            everyone = {**scan.snapshot(), **procs} if partial else procs
             memo.append(_younger(tree, everyone, found))
         return memo[0]
 

@@ -94,6 +94,10 @@ class Tree:
     ``born_in_leaf``: the root was spawned into ``leaf``, where it has one (before its first
     instruction), so the leaf and the root are the whole tree and no look
     walks /proc (see :attr:`leaf_only`).
+    ``subtree_of``: a child subreaper that spawned the tree (this process, for
+    ``hold run``; the holder, for the daemon): every member lives below it,
+    so a tree without a leaf is looked for there, from that process down, not
+    in a listing of /proc (see :meth:`look`).
     """
 
     __slots__ = (
@@ -112,6 +116,7 @@ class Tree:
         "sid",
         "since",
         "spare",
+        "subtree_of",
         "tree_id",
         "uid",
     )
@@ -130,6 +135,7 @@ class Tree:
         spare: frozenset[int] = frozenset(),
         cache: ProcCache | None = None,
         born_in_leaf: bool = False,
+        subtree_of: ProcessId | None = None,
     ) -> None:
         if root is not None:
             since = root.starttime
@@ -151,6 +157,7 @@ class Tree:
         self.seen: set[ProcessId] = set()
         self.cache = cache
         self.born_in_leaf = born_in_leaf
+        self.subtree_of = subtree_of
         # Members found outside the leaf that had been in it (how found): the
         # leaf is no longer the whole tree, and "nobody" is no longer provable.
         self.escaped: dict[ProcessId, Member] = {}
@@ -265,9 +272,27 @@ class Tree:
         A tree born in its leaf (:attr:`leaf_only`) is not walked for: the
         processes read are its members (see :meth:`_leaf_look`), and
         ``after`` changes nothing.
+
+        A tree without a leaf below a subreaper of its own (``subtree_of``) is
+        looked for below that process only (:meth:`_subtree`), by the same
+        rules: whatever the tree started is there -- an orphan is re-parented
+        to the nearest subreaper above it, never past it -- but what it asked
+        another daemon to start (``at``, ``systemd-run``) and which only its
+        marker names. That costs a read of each process below, not of every
+        process on the machine; the marker's search over the whole machine is
+        left to the ticket daemon, after the lease has changed hands
+        (:mod:`hold.daemon.sessions`). Where that subreaper is gone, or the
+        kernel lists no children, the whole of /proc is read as before.
         """
         if self.leaf_only:
             return self._leaf_look()
+        if self.leaf is None and self.subtree_of is not None:
+            procs = self._subtree()
+            if procs is not None:
+                if self.adopts_orphans:
+                    procs.update(self.orphans())
+                marked = {pid for pid, st in procs.items() if self._carries_marker(st)}
+                return procs, self._members(procs, marked, everywhere=True)
         if self.cache is not None:
             look = self._cached_look(self.cache, after)
             if look is not None:
@@ -308,6 +333,29 @@ class Tree:
             for pid in new:
                 read(pid)
         return procs, marked
+
+    def _subtree(self) -> dict[int, Stat] | None:
+        """Every process below :attr:`subtree_of` now (it excluded), read through
+        ``/proc/PID/task/*/children``; None where that cannot answer (the
+        subreaper is gone or was replaced, or the kernel lacks the file)."""
+        top = self.subtree_of
+        assert top is not None
+        procs: dict[int, Stat] = {}
+        todo = [top.pid]
+        while todo:
+            kids = scan.children_of(todo.pop())
+            if kids is None:
+                return None
+            for pid in kids:
+                if pid in procs:
+                    continue
+                st = scan.stat_of(pid)
+                if st is not None:
+                    procs[pid] = st
+                    todo.append(pid)
+        # Read after its children: had it exited meanwhile, they may have gone
+        # to another subreaper before they were listed.
+        return procs if top.matches() else None
 
     def _cached_look(self, cache: ProcCache, after: dict[int, Stat] | None) -> Look | None:
         """A look that reads only the processes ``cache`` cannot prove older than

@@ -23,6 +23,8 @@ from typing import NamedTuple
 from hold_supervisor.cause import Cause
 from hold_supervisor.exitcodes import EXPIRED, SURVIVORS, signalled
 from hold_supervisor.proc import cgroup as cg
+from hold_supervisor.proc.identity import ProcessId
+from hold_supervisor.proc.reaper import is_subreaper
 from hold_supervisor.proc.stop import StopReport, stop_tree
 from hold_supervisor.proc.tree import Tree
 from hold_supervisor.sigwake import drain, signals_to_pipe
@@ -156,6 +158,9 @@ class Foreground:
                 owned=owned_pids(),
                 # Spawned into its leaf (if any): its looks read the leaf, not every process.
                 born_in_leaf=True,
+                # Without one, they read what lives below this subreaper (a
+                # process that is none would lose orphans to init: all of /proc).
+                subtree_of=ProcessId.of(os.getpid()) if is_subreaper() else None,
             )
             if self.interactive:
                 self._give_terminal(child.pid)
