@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from hold.daemon.conn import Conn
 from hold.daemon.tokens import UnsafePath
+from hold.errors import HoldError
 from hold_supervisor.proc.identity import ProcessId, read_stat
 
 SO_PEERPIDFD = 77  # Linux 6.5; not yet in Python's socket module
@@ -43,7 +44,7 @@ def listen(path: str, shared: bool) -> socket.socket:
     return sock
 
 
-class OutOfDescriptors(OSError):
+class OutOfDescriptors(HoldError):
     """No descriptor left for the next client (``EMFILE``, ``ENFILE``): it waits in
     the backlog until one is given back."""
 
@@ -57,7 +58,7 @@ def accept(listener: socket.socket, want_write: Callable[[Conn, bool], None]) ->
         return None
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-            raise OutOfDescriptors(e.errno, e.strerror) from None
+            raise OutOfDescriptors(e.strerror) from None
         raise
     pid, uid, _gid = struct.unpack(
         "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))

@@ -51,7 +51,7 @@ import os
 import stat
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from hold.daemon.nodewatch import Counted, NodeWatch, WatchUnavailable
@@ -103,6 +103,10 @@ class Found:
 
     nodes: list[tuple[str, Counted]] = field(default_factory=list)  # (device key, its new watch)
     errors: list[str] = field(default_factory=list)  # what could not be looked at, and why
+    # Nodes of a tracked device found and not watched (no inotify watch left,
+    # say): device key -> why. Their opens are counted by nobody.
+    unwatched: dict[str, str] = field(default_factory=dict)
+    again: bool = False  # cut short by something passing (out of descriptors): look again
 
 
 @dataclass
@@ -125,8 +129,8 @@ class MountNamespaces:
         try:
             self._own = procscan.open_ns("self", "mnt")
             self._proc = procscan.open_dir()
-            for _nr, fd in self._walk().values():  # can they be listed here at all?
-                os.close(fd)
+            for _ in self._each():  # can they be listed here at all?
+                pass
         except OSError as e:
             self.unavailable = _why(e)
 
@@ -153,16 +157,10 @@ class MountNamespaces:
             return out
         made = self.watch.take_made()
         with self._lock:
+            listed: set[int] = set()
             try:
-                listed = self._walk()
-            except OSError as e:
-                if e.errno in (errno.ENOTTY, errno.EPERM, errno.EINVAL):
-                    self.unavailable = _why(e)  # for good: this kernel, this daemon
-                    return out
-                self.watch.restore_made(made)
-                raise
-            try:
-                for ns_id, (nr, fd) in listed.items():
+                for ns_id, nr, fd in self._each():
+                    listed.add(ns_id)
                     old = self._known.get(ns_id)
                     if old is not None and old.nr_mounts == nr and ns_id not in made:
                         continue
@@ -171,24 +169,31 @@ class MountNamespaces:
                     found = self._look(ns_id, fd, devices, patterns)
                     out.nodes += found.nodes
                     out.errors += found.errors
-                for ns_id in [n for n in self._known if n not in listed]:
-                    del self._known[ns_id]  # gone: its nodes' watches end with their inodes
-                    self.watch.forget_made(ns_id)
-            finally:
-                for _nr, fd in listed.values():
-                    os.close(fd)
+                    out.unwatched.update(found.unwatched)
+                    if found.again or found.unwatched:
+                        del self._known[ns_id]  # looked into again at the next refresh
+            except OSError as e:
+                if e.errno in (errno.ENOTTY, errno.EPERM, errno.EINVAL):
+                    self.unavailable = _why(e)  # for good: this kernel, this daemon
+                    return out
+                self.watch.restore_made(made)
+                raise
+            for ns_id in [n for n in self._known if n not in listed]:
+                del self._known[ns_id]  # gone: its nodes' watches end with their inodes
+                self.watch.forget_made(ns_id)
         return out
 
-    def _walk(self) -> dict[int, tuple[int, int]]:
-        """Every mount namespace: id -> (number of mounts, an open descriptor of it)."""
-        out: dict[int, tuple[int, int]] = {}
-        try:
-            buf = bytearray(_INFO.pack(_INFO.size, 0, 0))
-            fcntl.ioctl(self._own, NS_MNT_GET_INFO, buf)
-            _size, nr, ns_id = _INFO.unpack(buf)
-            out[ns_id] = (nr, os.dup(self._own))
-            for step in (NS_MNT_GET_PREV, NS_MNT_GET_NEXT):
-                cur = self._own
+    def _each(self) -> Iterator[tuple[int, int, int]]:
+        """Every mount namespace: (its id, its number of mounts, a descriptor of it that
+        is good until the next is yielded). One descriptor at a time: a daemon
+        near its limit (a flood of clients) must not run out for a walk of 50."""
+        buf = bytearray(_INFO.pack(_INFO.size, 0, 0))
+        fcntl.ioctl(self._own, NS_MNT_GET_INFO, buf)
+        _size, nr, ns_id = _INFO.unpack(buf)
+        yield ns_id, nr, self._own
+        for step in (NS_MNT_GET_PREV, NS_MNT_GET_NEXT):
+            cur = self._own
+            try:
                 while True:
                     buf = bytearray(_INFO.pack(_INFO.size, 0, 0))
                     try:
@@ -197,14 +202,14 @@ class MountNamespaces:
                         if e.errno == errno.ENOENT:
                             break  # the end of the list
                         raise
-                    _size, nr, ns_id = _INFO.unpack(buf)
-                    out[ns_id] = (nr, fd)
+                    if cur != self._own:
+                        os.close(cur)
                     cur = fd
-        except BaseException:
-            for _nr, fd in out.values():
-                os.close(fd)
-            raise
-        return out
+                    _size, nr, ns_id = _INFO.unpack(buf)
+                    yield ns_id, nr, fd
+            finally:
+                if cur != self._own:
+                    os.close(cur)
 
     def _look(
         self, ns_id: int, fd: int, devices: dict[tuple[str, int], str], patterns: list[str]
@@ -218,12 +223,14 @@ class MountNamespaces:
                 _find(self.watch, self._proc, ns_id, devices, patterns, found)
             except OSError as e:
                 found.errors.append(f"mount namespace {ns_id}: {_why(e)}")
+                found.again = e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
         t = threading.Thread(target=enter_and_look, name=f"mountns-{ns_id}", daemon=True)
         t.start()
         t.join(LOOK_DEADLINE)
         if t.is_alive():
             found.errors.append(f"mount namespace {ns_id}: no answer in {LOOK_DEADLINE:.0f} s")
+            found.again = True
         return found
 
 
@@ -264,6 +271,7 @@ def _find(
             counted = watch.watch_other(path)
         except WatchUnavailable as e:
             found.errors.append(str(e))
+            found.unwatched[key] = f"{path}: {e}"
             return
         if counted is not None:
             found.nodes.append((key, counted))

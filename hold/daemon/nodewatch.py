@@ -176,8 +176,10 @@ class NodeWatch:
         outside the configuration (see :mod:`hold.daemon.mountns`; the path is
         resolved in the calling thread's mount namespace, and not followed if
         it is a symbolic link). None where that inode is counted already (a
-        bind mount of a node watched here). Its parent directory is not
-        watched: every open of it counts as unpaired. Raises
+        bind mount of a node watched here through :meth:`watch`); the count
+        already kept where it was found before by this method (a look cut
+        short may have watched it and said nothing). Its parent directory is
+        not watched: every open of it counts as unpaired. Raises
         :class:`WatchUnavailable` where it cannot be watched.
         """
         with self._lock:
@@ -187,7 +189,7 @@ class NodeWatch:
                 raise WatchUnavailable(f"{path}: {e.strerror}") from None
             for c in self._nodes.values():
                 if (c.dev, c.ino) == (st.st_dev, st.st_ino):
-                    return None
+                    return c if c.parent_wd == -1 else None
             # IN_MASK_CREATE: an inode watched already keeps its mask (an
             # add without it would replace the mask of that watch).
             mask = NODE_MASK | IN_DONT_FOLLOW | IN_MASK_CREATE

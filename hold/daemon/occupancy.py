@@ -118,6 +118,7 @@ class Occupancy:
         self._devices: dict[tuple[str, int], str] = {}  # ("c"|"b", rdev) -> device key
         self._patterns: list[str] = []
         self._relook = False  # a node of another inode was lost: look everywhere again
+        self.unwatched: dict[str, str] = {}  # device key -> its node no watch could be put on
         if self.watch is not None and os.geteuid() == 0:
             self.namespaces = MountNamespaces(self.watch)
         self.log: Log | None = None  # the daemon's, where there is one
@@ -194,12 +195,22 @@ class Occupancy:
             self.namespaces.forget()
         found = self.namespaces.refresh(self._devices, self._patterns)
         with self._lock:
+            # A node found and not watched: its device's count proves nothing
+            # until a look watches it (each refresh looks again).
+            self.unwatched = found.unwatched
+            for key in found.unwatched:
+                self.trust.pop(key, None)
+            added = []
             for key, counted in found.nodes:
-                self.others.setdefault(key, []).append(counted)
+                others = self.others.setdefault(key, [])
+                if any(o is counted for o in others):
+                    continue  # counted already (found again: another namespace, a second look)
+                others.append(counted)
+                added.append((key, counted))
                 self.epochs[key] = self.epochs.get(key, 0) + 1
                 self.trust.pop(key, None)
         if self.log is not None:
-            for key, counted in found.nodes:
+            for key, counted in added:
                 self.log.info("node_watched", device=key, node=counted.path)
             for error in found.errors:
                 self.log.warning("mount_namespace_unread", error=error)
@@ -270,6 +281,8 @@ class Occupancy:
         # 2,000 times each, unread: 3,722 of 4,000 counted (Linux 6.18), and a
         # soak granted a device that a stray held for a second. Merging only
         # ever loses an event beside another, so "no open at all" is proof.
+        if key in self.unwatched:
+            return False
         return not c.opened and not any(o.opened for o in self.others.get(key, ()))
 
     def held(self, keys: list[str]) -> bool | None:
@@ -311,6 +324,8 @@ class Occupancy:
                 )
             if c.lost:
                 return "unknown", f"{c.lost}; the next grant scans"
+            if key in self.unwatched:
+                return "unknown", f"a node of it cannot be watched: {self.unwatched[key]}"
             if key not in self.trust:
                 return "unknown", "no scan since its watch started; the next grant scans"
             if not self._empty(key):
@@ -335,6 +350,8 @@ class Occupancy:
                 return c.lost
             if key not in self.trust:
                 return "no scan since the watch started"
+            if key in self.unwatched:
+                return f"a node of it cannot be watched: {self.unwatched[key]}"
             for o in self.others.get(key, ()):
                 if o.opened:
                     return f"opened through another node of it: {o.path} (another inode)"

@@ -83,7 +83,7 @@ class Endings:
         below = reason == HOLDER_ENDED
         trees = [(_tree_of(s, t, below=below), t.grace) for t in s.trees.values()]
         for tree, g in trees:
-            if tree.subtree_of is not None:
+            if tree.below_only:
                 self._unswept(tree, g)
         if reason == HOLDER_ENDED:
             # The holder stopped its trees itself (the same stop_tree, survivor
@@ -400,7 +400,8 @@ def _tree_of(s: SessionRec, t: TreeRec, *, below: bool = False) -> Tree:
     spawned below the holder is looked for below the holder only
     (:attr:`Tree.subtree_of`)."""
     root = ProcessId(t.root_pid, t.root_start) if t.root_pid and t.root_start else None
-    under = below and t.leaf is None and t.below
+    # (A tree with a leaf is looked for in its leaf: Tree.below_only.)
+    under = below and t.below
     return Tree(
         t.tree_id,
         root,

@@ -194,7 +194,7 @@ def check_survivors(
         if not memo:
             # A look that read less than every process (the leaf, the subtree)
             # did not read who else may hold what the tree held.
-            partial = tree.leaf_only or (tree.leaf is None and tree.subtree_of is not None)
+            partial = tree.leaf_only or tree.below_only
             everyone = {**scan.snapshot(), **procs} if partial else procs
             memo.append(_younger(tree, everyone, found))
         return memo[0]

@@ -214,6 +214,12 @@ class Tree:
             self.leaf.remove(os.path.dirname(self.leaf.path))
 
     @property
+    def below_only(self) -> bool:
+        """True when a look reads what lives below :attr:`subtree_of` alone (no leaf;
+        see :meth:`look`)."""
+        return self.leaf is None and self.subtree_of is not None
+
+    @property
     def leaf_only(self) -> bool:
         """True when every look reads the leaf and the root alone (no walk of /proc):
         a contained tree born in its leaf."""
@@ -286,7 +292,7 @@ class Tree:
         """
         if self.leaf_only:
             return self._leaf_look()
-        if self.leaf is None and self.subtree_of is not None:
+        if self.below_only:
             procs = self._subtree()
             if procs is not None:
                 if self.adopts_orphans:
