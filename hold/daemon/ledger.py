@@ -38,8 +38,8 @@ class TreeRec:
         self.root_start: int | None = None
         self.pgid: int | None = None
         self.sid: int | None = None
-        # Its root was spawned below the session's holder (not adopted): all of
-        # it lives there. Not written down: a restarted daemon walks /proc.
+        # Spawned by the session's holder (not adopted): all of it lives below
+        # the holder. Not written down: a restarted daemon walks /proc.
         self.below = False
 
     def entry(self) -> TreeEntry:

@@ -301,6 +301,11 @@ class Ops:
             if not self._leaf_of(conn, leaf, tree_id):
                 return bad
         tree = TreeRec(tree_id, leaf, conn.peer.starttime, grace)
+        # Registered before its spawn, by the client that spawns it: it will live
+        # below that client (its root is believed only there, _register_root),
+        # also when the root has exited before it could be registered. Not an
+        # adopted job: that one runs wherever it was started.
+        tree.below = d.get("adopt") is None
         if d.get("adopt") is not None:
             why = adopt_into(
                 tree, d["adopt"], conn.uid, conn.peer.pid, self.st.sessions.values(), conn.session
@@ -361,7 +366,6 @@ class Ops:
             return
         tree.root_pid, tree.root_start, tree.pgid = pid, st.starttime, st.pgrp
         tree.sid = st.session if st.session == pid else None
-        tree.below = True
         self.st.save()
         if s.lease is not None:
             self.st.records.write_tokens(s)
