@@ -88,5 +88,17 @@ class Figures:
         root = ProcessId(t.root_pid, t.root_start) if t.root_pid and t.root_start else None
         # Only what the lease's user could signal, as a stop would (a root daemon).
         uid = None if s.uid in (0, os.geteuid()) else s.uid
-        tree = Tree(t.tree_id, root, t.pgid, t.sid, since=t.since, uid=uid, cache=self.cache)
+        # A tree its holder spawned lives below the holder: read there, not in
+        # every process of the machine (Tree.below_only), while the holder lives.
+        holder = ProcessId(s.owner_pid, s.owner_start) if t.below else None
+        tree = Tree(
+            t.tree_id,
+            root,
+            t.pgid,
+            t.sid,
+            since=t.since,
+            uid=uid,
+            cache=self.cache,
+            subtree_of=holder,
+        )
         return usage.of_pids(tree.members())
