@@ -62,9 +62,8 @@ def test_what_another_daemon_started_for_a_leafless_tree_is_swept_by_its_marker(
     fifo, out = spawner
     # The command asks the spawner for a sleep carrying the command's own
     # marker, and ends: nothing of the tree is left below hold run.
-    script = (
-        f'echo "HOLD_TREE=$HOLD_TREE sleep 300" > {fifo}; while [ ! -s {out} ]; do sleep 0.05; done'
-    )
+    ask = f'echo "HOLD_TREE=$HOLD_TREE sleep 300" > {fifo}'
+    script = f"{ask}; while [ ! -s {out} ]; do sleep 0.05; done"
     res = subprocess.run(
         [*HOLD, "run", "--device", "npu", "--", "sh", "-c", script],
         capture_output=True,
@@ -74,12 +73,16 @@ def test_what_another_daemon_started_for_a_leafless_tree_is_swept_by_its_marker(
     assert res.returncode == 0, res.stderr
     (pid,) = [int(x) for x in out.read_text().split()]
     assert alive(pid)
-    wait_for(lambda: not alive(pid), MARKER_SWEEP + LOADED, what="the daemon's sweep to stop it")
-    log = (isolated_hold / "state" / "daemon.log").read_text()
-    swept = [
-        json.loads(ln)
-        for ln in log.splitlines()
-        if ln.startswith("{") and '"marker_survivors_stopped"' in ln
-    ]
-    assert [e["pids"] for e in swept] == [[pid]], log[-3000:]
-    assert swept[0]["outcome"] and not swept[0]["survivors"], swept
+    log = isolated_hold / "state" / "daemon.log"
+
+    def swept() -> list[dict[str, object]]:
+        return [
+            json.loads(ln)
+            for ln in log.read_text().splitlines()
+            if ln.startswith("{") and '"marker_survivors_stopped"' in ln
+        ]
+
+    # Its word comes after its stop: wait for the word, not for the death.
+    (event,) = wait_for(swept, MARKER_SWEEP + LOADED, what="the daemon's sweep to stop it")
+    assert event["pids"] == [pid] and event["survivors"] == [], event
+    assert not alive(pid)
