@@ -101,13 +101,21 @@ def _machine_devices_to_ourselves(timeout: float = DEVICES_WAIT) -> Iterator[Non
     ends its daemon stops whoever started on the device since the grant -- the
     other suite's CUDA process too (the lent host, 8 suites on one GPU: once
     in 8 runs an audit found no stray where its test had just started one)."""
+    with _turn("real-devices", "the machine's devices", timeout):
+        yield
+
+
+@contextlib.contextmanager
+def _turn(name: str, what: str, timeout: float) -> Iterator[None]:
+    """``what`` to this test alone, across every run of this suite on the machine
+    (a file lock in the temporary directory, named by ``name``)."""
     from filelock import FileLock, Timeout
 
-    lock = FileLock(os.path.join(tempfile.gettempdir(), "hold-tests-real-devices.lock"), mode=0o666)
+    lock = FileLock(os.path.join(tempfile.gettempdir(), f"hold-tests-{name}.lock"), mode=0o666)
     try:
         lock.acquire(timeout=timeout)
     except Timeout:
-        pytest.fail(f"another run of this suite kept the machine's devices for {timeout:.0f} s")
+        pytest.fail(f"another run of this suite kept {what} for {timeout:.0f} s")
     try:
         yield
     finally:
@@ -266,20 +274,11 @@ def _holders_of_full() -> list[int]:
 def dev_full() -> Iterator[None]:
     """/dev/full to this test alone (a file lock shared by every run of the suite),
     checked free of anyone else's holders first (skipped where it is not)."""
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(os.path.join(tempfile.gettempdir(), "hold-tests-dev-full.lock"), mode=0o666)
-    try:
-        lock.acquire(timeout=DEVICES_WAIT)
-    except Timeout:
-        pytest.fail(f"another run of this suite kept /dev/full for {DEVICES_WAIT:.0f} s")
-    try:
+    with _turn("dev-full", "/dev/full", DEVICES_WAIT):
         others = _holders_of_full()
         if others:
             pytest.skip(f"/dev/full is held by pid(s) {others}, not this test's")
         yield
-    finally:
-        lock.release()
 
 
 def open_files(pid: int) -> Iterator[os.stat_result]:
