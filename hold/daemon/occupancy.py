@@ -304,12 +304,17 @@ class Occupancy:
                     return None
             return out
 
-    def state(self, key: str) -> tuple[str, str]:
-        """What is known of device ``key`` that no lease holds, without a scan: a word
-        -- ``free``, ``in use`` (the count says a node of it is open; nobody
-        named yet), ``unknown`` -- and how that is known, or why no more is
-        (for ``hold status``)."""
+    def states(self, keys: list[str]) -> dict[str, tuple[str, str]]:
+        """What is known of each device of ``keys`` that no lease holds, without a
+        scan (for ``hold status``): the counts brought up to now once, then
+        :meth:`_state` of each."""
         witness = self._read_now()
+        return {k: self._state(k, witness) for k in keys}
+
+    def _state(self, key: str, witness: str | None) -> tuple[str, str]:
+        """A word -- ``free``, ``in use`` (the count says a node of it is open;
+        nobody named yet), ``unknown`` -- and how that is known, or why no more
+        is; ``witness``: :meth:`witness`'s answer just now."""
         with self._lock:
             c = self.counts.get(key)
             if c is None:
@@ -425,15 +430,21 @@ class Look(NamedTuple):
 
     def why_unproven(self, cls: str) -> str:
         """For a refused client: which devices, why, and what to do."""
-        me = pwd.getpwuid(os.geteuid()).pw_name
         names = ", ".join(f"{cls}:{i}" for i in sorted(self.unproven))
-        return (
-            f"{names} cannot be proven free: this ticket daemon runs as {me} and may not "
-            f"read {self.unseen} process(es) of other users, any of which may hold it. Use "
-            "the system daemon, which reads every process (an administrator: sudo hold "
-            "daemon --install), or accept the risk with 'unreadable_processes: ignore' in "
-            "the configuration"
-        )
+        return f"{names} cannot be proven free: {unreadable_why(self.unseen)}"
+
+
+def unreadable_why(unseen: int | None = None) -> str:
+    """Why a daemon that is not root cannot prove a device free, and what to do
+    (``unseen``: how many processes its last scan could not read, where known)."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    count = "" if unseen is None else f"{unseen} "
+    return (
+        f"this ticket daemon runs as {me} and may not read {count}process(es) of other "
+        "users, any of which may hold it. Use the system daemon, which reads every "
+        "process (an administrator: sudo hold daemon --install), or accept the risk "
+        "with 'unreadable_processes: ignore' in the configuration"
+    )
 
 
 def look(

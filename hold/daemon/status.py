@@ -7,6 +7,7 @@ from typing import Any
 
 from hold.daemon import devlock
 from hold.daemon.grants import Grants
+from hold.daemon.occupancy import unreadable_why
 from hold.daemon.state import DaemonState, label_for
 from hold.devices.classes import LAST_GPU_MINOR, NVIDIA_MAJOR
 from hold_supervisor.proc.identity import user_name
@@ -20,8 +21,11 @@ def status(st: DaemonState, grants: Grants, viewer: int) -> dict[str, Any]:
     locked = devlock.locked_inodes()
     classes = {}
     unknown: dict[str, list[int]] = {}
+    # What the counts say of every device, read once (a look at the mount
+    # namespaces and the kernel's queue), not once per device.
+    known = st.occupancy.states([k for c in st.classes if st.scanned[c] for k in st.keys[c]])
     for cls in st.classes:
-        devices = [_device(st, grants, cls, i, viewer, locked) for i in range(st.sizes[cls])]
+        devices = [_device(st, grants, cls, i, viewer, locked, known) for i in range(st.sizes[cls])]
         unknown[cls] = [
             d["index"]
             for d in devices
@@ -79,6 +83,7 @@ def _device(
     i: int,
     viewer: int,
     locked: set[tuple[int, int, int]],
+    counts: dict[str, tuple[str, str]],
 ) -> dict[str, Any]:
     """``cls:i``: its holder (None where nobody holds it, see :func:`_holder`), and
     what is known of a device nobody holds: ``known`` -- ``free``, ``unknown``
@@ -93,7 +98,7 @@ def _device(
         dev["known"], dev["proof"] = "free", "a logical device (no node to hold)"
         return dev
     key = st.keys[cls][i]
-    known, proof = st.occupancy.state(key)
+    known, proof = counts[key]
     if known == "in use":
         dev["holder"] = _reason("in use", proof, None, "?", None)
         return dev
@@ -112,11 +117,7 @@ def _unproven(st: DaemonState, cls: str, key: str) -> str | None:
     NVIDIA GPUs."""
     if st.unreadable != "refuse" or os.geteuid() == 0 or _nvidia_minor(key) is not None:
         return None
-    return (
-        f"this daemon runs as {user_name(os.geteuid())} and may not read other users' "
-        "processes, any of which may hold it: use the system daemon (sudo hold daemon "
-        "--install) or 'unreadable_processes: ignore' in the configuration"
-    )
+    return unreadable_why()
 
 
 def _holder(
